@@ -1,0 +1,131 @@
+"""Unit tests of role nvidia_driver's filters."""
+
+import pytest
+
+FIELDS = ["index", "name", "driver_version", "compute_cap", "mig.mode.current", "ecc.mode.current"]
+
+# As printed by nvidia-smi 580 on an H200 and on a PCIe Blackwell board.
+H200 = "0, NVIDIA H200, 580.159.04, 9.0, Disabled, Enabled\n"
+EIGHT = "".join(
+    f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 580.95.05, 12.0, [N/A], Enabled\n"
+    for i in range(8)
+)
+
+
+def test_csv_one_gpu(drv):
+    rows = drv.nvidia_smi_csv(H200, FIELDS)
+    assert rows == [
+        {
+            "index": "0",
+            "name": "NVIDIA H200",
+            "driver_version": "580.159.04",
+            "compute_cap": "9.0",
+            "mig.mode.current": "Disabled",
+            "ecc.mode.current": "Enabled",
+        }
+    ]
+
+
+def test_csv_eight_gpus_not_available_is_none(drv):
+    rows = drv.nvidia_smi_csv(EIGHT + "\n", FIELDS)
+    assert len(rows) == 8
+    assert rows[7]["index"] == "7"
+    assert rows[0]["mig.mode.current"] is None
+    assert {r["compute_cap"] for r in rows} == {"12.0"}
+
+
+def test_csv_name_with_comma_quoted(drv):
+    rows = drv.nvidia_smi_csv('0, "Odd, Name", 580.1, 12.0, Disabled, Disabled\n', FIELDS)
+    assert rows[0]["name"] == "Odd, Name"
+
+
+def test_csv_wrong_columns_refused(drv):
+    with pytest.raises(ValueError, match="expected 6"):
+        drv.nvidia_smi_csv("0, NVIDIA H200\n", FIELDS)
+
+
+def test_csv_empty(drv):
+    assert drv.nvidia_smi_csv("", FIELDS) == []
+    with pytest.raises(ValueError):
+        drv.nvidia_smi_csv(H200, [])
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("580.159.04\n", "580.159.04"),
+        (
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  "
+            "Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Jan 1 00:00:00 UTC 2026\n"
+            "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n",
+            "580.159.04",
+        ),
+        (
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  Mon Mar 10 2025\n",
+            "570.133.20",
+        ),
+        ("", ""),
+        ("garbage\n", ""),
+    ],
+)
+def test_loaded_driver_version(drv, text, version):
+    assert drv.nvidia_loaded_driver_version(text) == version
+
+
+def test_branch_of(drv):
+    assert drv.nvidia_driver_branch_of("580.159.04") == "580"
+    assert drv.nvidia_driver_branch_of("") == ""
+    with pytest.raises(ValueError):
+        drv.nvidia_driver_branch_of("abc")
+
+
+@pytest.mark.parametrize(
+    ("cc", "minimum", "ok"),
+    [
+        ("9.0", "12.0", False),
+        ("12.0", "12.0", True),
+        ("12.1", "12.0", True),
+        ("10.0", "9.0", True),
+        ("8.9", "9.0", False),
+        ("12", "12.0", True),
+    ],
+)
+def test_compute_capability(drv, cc, minimum, ok):
+    assert drv.compute_capability_at_least(cc, minimum) is ok
+
+
+def test_compute_capability_bad(drv):
+    with pytest.raises(ValueError):
+        drv.compute_capability_at_least("sm_120", "12.0")
+
+
+def test_nvswitch_count(drv):
+    sysfs = "0x10de 0x030200\n0x10de 0x068000\n0x10de 0x068000\n0x8086 0x068000\n0x10de\n"
+    assert drv.nvidia_nvswitch_count(sysfs) == 2
+    assert drv.nvidia_nvswitch_count("0x10de 0x030000\n") == 0
+
+
+def test_dkms_missing(drv):
+    status = (
+        "nvidia/580.95.05, 6.8.0-45-generic, x86_64: installed\n"
+        "nvidia/580.95.05, 6.8.0-49-generic, x86_64: built\n"
+        "other/1.0, 6.8.0-49-generic, x86_64: installed\n"
+    )
+    assert drv.dkms_missing_kernels(status, ["6.8.0-45-generic", "6.8.0-49-generic"]) == [
+        "6.8.0-49-generic"
+    ]
+    old = "nvidia, 580.95.05, 6.8.0-49-generic, x86_64: installed\n"
+    assert drv.dkms_missing_kernels(old, ["6.8.0-49-generic"]) == []
+    assert drv.dkms_missing_kernels("", ["k"]) == ["k"]
+
+
+def test_kernel_flavour(drv):
+    assert drv.kernel_flavour("6.8.0-45-generic") == "generic"
+    assert drv.kernel_flavour("6.11.0-1008-nvidia-64k") == "nvidia-64k"
+    with pytest.raises(ValueError):
+        drv.kernel_flavour("6.12.48+deb13-amd64")
+
+
+def test_filter_module_lists_all(drv):
+    names = set(drv.FilterModule().filters())
+    assert {"nvidia_smi_csv", "nvidia_loaded_driver_version", "dkms_missing_kernels"} <= names
