@@ -20,8 +20,8 @@ def test_csv_one_gpu(drv):
             "name": "NVIDIA H200",
             "driver_version": "580.159.04",
             "compute_cap": "9.0",
-            "mig.mode.current": "Disabled",
-            "ecc.mode.current": "Enabled",
+            "mig_mode_current": "Disabled",
+            "ecc_mode_current": "Enabled",
         }
     ]
 
@@ -30,7 +30,7 @@ def test_csv_eight_gpus_not_available_is_none(drv):
     rows = drv.nvidia_smi_csv(EIGHT + "\n", FIELDS)
     assert len(rows) == 8
     assert rows[7]["index"] == "7"
-    assert rows[0]["mig.mode.current"] is None
+    assert rows[0]["mig_mode_current"] is None
     assert {r["compute_cap"] for r in rows} == {"12.0"}
 
 
@@ -97,6 +97,17 @@ def test_compute_capability(drv, cc, minimum, ok):
 def test_compute_capability_bad(drv):
     with pytest.raises(ValueError):
         drv.compute_capability_at_least("sm_120", "12.0")
+
+
+def test_gpus_below_compute_capability(drv):
+    gpus = [
+        {"index": "0", "compute_cap": "9.0"},
+        {"index": "1", "compute_cap": "12.0"},
+        {"index": "2", "compute_cap": None},
+    ]
+    low = drv.gpus_below_compute_capability(gpus, "12.0")
+    assert [g["index"] for g in low] == ["0", "2"]
+    assert [g["index"] for g in drv.gpus_below_compute_capability(gpus, "9.0")] == ["2"]
 
 
 def test_nvswitch_count(drv):

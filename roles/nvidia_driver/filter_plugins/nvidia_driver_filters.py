@@ -30,7 +30,8 @@ class FilterError(ValueError):
 def nvidia_smi_csv(text: str, fields: list[str]) -> list[dict[str, str | None]]:
     """Parse `nvidia-smi --query-gpu=<fields> --format=csv,noheader[,nounits]`.
 
-    Returns one dict per GPU, keyed by the query field names; values nvidia-smi
+    Returns one dict per GPU, keyed by the query field names with "." replaced by
+    "_" (mig.mode.current -> mig_mode_current, usable as a Jinja attribute); values nvidia-smi
     reports as not available become None. A line with the wrong number of
     columns is an error (it means the query and the field list disagree).
     """
@@ -49,7 +50,7 @@ def nvidia_smi_csv(text: str, fields: list[str]) -> list[dict[str, str | None]]:
         row: dict[str, str | None] = {}
         for name, raw in zip(fields, cols, strict=True):
             value = raw.strip()
-            row[name] = None if value in _NO_VALUE else value
+            row[name.replace(".", "_")] = None if value in _NO_VALUE else value
         rows.append(row)
     return rows
 
@@ -91,6 +92,16 @@ def _cc_tuple(value: Any) -> tuple[int, int]:
 def compute_capability_at_least(value: Any, minimum: Any) -> bool:
     """True when compute capability `value` ("9.0") is >= `minimum` ("12.0")."""
     return _cc_tuple(value) >= _cc_tuple(minimum)
+
+
+def gpus_below_compute_capability(gpus: list[dict[str, Any]], minimum: Any) -> list[dict[str, Any]]:
+    """The GPUs (rows of nvidia_smi_csv) whose compute_cap is unknown or below `minimum`."""
+    low: list[dict[str, Any]] = []
+    for gpu in gpus:
+        cc = gpu.get("compute_cap")
+        if cc is None or not compute_capability_at_least(cc, minimum):
+            low.append(gpu)
+    return low
 
 
 def nvidia_nvswitch_count(text: str) -> int:
@@ -149,6 +160,7 @@ class FilterModule:
             "nvidia_loaded_driver_version": nvidia_loaded_driver_version,
             "nvidia_driver_branch_of": nvidia_driver_branch_of,
             "compute_capability_at_least": compute_capability_at_least,
+            "gpus_below_compute_capability": gpus_below_compute_capability,
             "nvidia_nvswitch_count": nvidia_nvswitch_count,
             "dkms_missing_kernels": dkms_missing_kernels,
             "kernel_flavour": kernel_flavour,
