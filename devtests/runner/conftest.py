@@ -75,7 +75,7 @@ class Run:
 
 
 @pytest.fixture
-def run_playbook(container: str, tmp_path: Path):  # noqa: ANN201
+def run_playbook(container: str, tmp_path: Path):
     def _run(playbook: str, extravars: dict[str, Any], tags: str | None = None) -> Run:
         inventory = {
             "all": {"children": {"gpu_servers": {"hosts": {container: {
