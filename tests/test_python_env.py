@@ -107,7 +107,7 @@ def test_flash_attn_matches_stamp_and_wheel_cached(host):
     assert host.file(stamp["wheel"]).exists, stamp
     assert re.search(r"/flash_attn-" + re.escape(stamp["version"]) + r"-.*\.whl$", stamp["wheel"])
     nproc = int(host.run("nproc").stdout.strip())
-    assert 1 <= stamp["max_jobs"] <= nproc
+    assert 1 <= int(stamp["max_jobs"]) <= nproc
 
 
 def _standin_record(host) -> dict:
