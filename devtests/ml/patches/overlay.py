@@ -63,6 +63,4 @@ def run_in(site: Path, code: str, *args: str) -> subprocess.CompletedProcess[str
     """Run code in a fresh interpreter that imports vllm from site."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "devtests" / "ml" / "patches")])
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False
-    )
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False)

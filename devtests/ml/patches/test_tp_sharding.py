@@ -43,15 +43,8 @@ def rebuilt(kv_b: torch.Tensor) -> torch.Tensor:
     k_b, v_b = llama_cpp_split(kv_b)
     pending: dict[str, dict[str, torch.Tensor]] = {}
     name = f"{PREFIX}.weight"
-    assert (
-        weight_utils._gguf_dequantized_weight(
-            _GGUFTensor("blk.3.attn_k_b.weight", k_b), name, pending
-        )
-        is None
-    )
-    item = weight_utils._gguf_dequantized_weight(
-        _GGUFTensor("blk.3.attn_v_b.weight", v_b), name, pending
-    )
+    assert weight_utils._gguf_dequantized_weight(_GGUFTensor("blk.3.attn_k_b.weight", k_b), name, pending) is None
+    item = weight_utils._gguf_dequantized_weight(_GGUFTensor("blk.3.attn_v_b.weight", v_b), name, pending)
     assert item is not None and item[0] == name and not pending
     return item[1]
 
@@ -81,7 +74,5 @@ def test_each_rank_gets_its_heads(tp: int, monkeypatch: pytest.MonkeyPatch) -> N
         )
         assert isinstance(layer.quant_method, linear.UnquantizedLinearMethod)
         layer.weight.weight_loader(layer.weight, full)
-        want = kv_b.view(HEADS, NOPE + V, LORA)[
-            rank * heads_per_rank : (rank + 1) * heads_per_rank
-        ].reshape(-1, LORA)
+        want = kv_b.view(HEADS, NOPE + V, LORA)[rank * heads_per_rank : (rank + 1) * heads_per_rank].reshape(-1, LORA)
         assert torch.equal(layer.weight.data, want), f"tp={tp} rank={rank}"
