@@ -33,9 +33,7 @@ def test_suffix_and_nvcc(cuda):
     assert cuda.nvcc_release("command not found") == ""
 
 
-@pytest.mark.parametrize(
-    ("version", "branch"), [("13.0", 580), ("13.1", 580), ("12.8", 570), ("12.4", 525)]
-)
+@pytest.mark.parametrize(("version", "branch"), [("13.0", 580), ("13.1", 580), ("12.8", 570), ("12.4", 525)])
 def test_min_driver(cuda, version, branch):
     assert cuda.cuda_min_driver_branch(version) == branch
 

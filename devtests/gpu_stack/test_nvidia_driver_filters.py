@@ -7,8 +7,7 @@ FIELDS = ["index", "name", "driver_version", "compute_cap", "mig.mode.current", 
 # As printed by nvidia-smi 580 on an H200 and on a PCIe Blackwell board.
 H200 = "0, NVIDIA H200, 580.159.04, 9.0, Disabled, Enabled\n"
 EIGHT = "".join(
-    f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 580.95.05, 12.0, [N/A], Enabled\n"
-    for i in range(8)
+    f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 580.95.05, 12.0, [N/A], Enabled\n" for i in range(8)
 )
 
 
@@ -122,9 +121,7 @@ def test_dkms_missing(drv):
         "nvidia/580.95.05, 6.8.0-49-generic, x86_64: built\n"
         "other/1.0, 6.8.0-49-generic, x86_64: installed\n"
     )
-    assert drv.dkms_missing_kernels(status, ["6.8.0-45-generic", "6.8.0-49-generic"]) == [
-        "6.8.0-49-generic"
-    ]
+    assert drv.dkms_missing_kernels(status, ["6.8.0-45-generic", "6.8.0-49-generic"]) == ["6.8.0-49-generic"]
     old = "nvidia, 580.95.05, 6.8.0-49-generic, x86_64: installed\n"
     assert drv.dkms_missing_kernels(old, ["6.8.0-49-generic"]) == []
     assert drv.dkms_missing_kernels("", ["k"]) == ["k"]

@@ -1,0 +1,77 @@
+"""Bad input is refused by the roles' validation, before any change, naming the choices.
+
+Runs only the validation entry points (tasks_from validate.yml: facts and asserts,
+no change) with ansible-playbook against localhost.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOK = """---
+- hosts: localhost
+  connection: local
+  gather_facts: true
+  tasks:
+    - ansible.builtin.include_role:
+        name: nvidia_driver
+        tasks_from: validate.yml
+    - ansible.builtin.include_role:
+        name: cuda_toolkit
+        tasks_from: validate.yml
+"""
+
+ANSIBLE = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or shutil.which("ansible-playbook")
+pytestmark = pytest.mark.skipif(ANSIBLE is None, reason="ansible-playbook not installed")
+
+
+def run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    book = tmp_path / "validate.yml"
+    book.write_text(PLAYBOOK)
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
+    env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
+    return subprocess.run(
+        [str(ANSIBLE), "-i", "localhost,", str(book), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_defaults_pass(tmp_path):
+    res = run(tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "changed=0" in res.stdout
+
+
+def test_unknown_branch_refused_naming_choices(tmp_path):
+    res = run(tmp_path, "-e", "glm5_nvidia_driver_branch=999")
+    assert res.returncode != 0
+    assert "driver branch '999' (valid: 570, 575, 580, 590)" in res.stdout
+
+
+def test_cuda_the_branch_cannot_run_refused_naming_three_versions(tmp_path):
+    res = run(tmp_path, "-e", "glm5_nvidia_driver_branch=570")
+    assert res.returncode != 0
+    out = res.stdout
+    assert "CUDA toolkit 13.0 needs driver branch 580 or newer" in out
+    assert "(CUDA toolkit 13.0, driver branch 570, torch 2.11.0 built for CUDA 13.0)" in out
+
+
+def test_toolkit_major_differing_from_torch_refused(tmp_path):
+    res = run(tmp_path, "-e", "cuda_toolkit_version=12.8")
+    assert res.returncode != 0
+    assert "differs from torch's CUDA major 13" in res.stdout
+
+
+def test_bad_reboot_mode_refused(tmp_path):
+    res = run(tmp_path, "-e", "nvidia_driver_reboot=sometimes")
+    assert res.returncode != 0
+    assert "nvidia_driver_reboot 'sometimes' (auto|never)" in res.stdout
