@@ -1,0 +1,94 @@
+"""Fixtures of the service/model devtests: ansible-runner against this machine
+(connection local) in check mode, so that even a validation bug changes nothing; the
+events still say which task would have changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
+
+
+@dataclass
+class Run:
+    rc: int
+    events: list[dict[str, Any]]
+
+    def task_events(self) -> list[dict[str, Any]]:
+        return [
+            e for e in self.events
+            if e.get("event") in {"runner_on_ok", "runner_on_failed", "runner_on_skipped"}
+        ]
+
+    def first_failure(self) -> dict[str, Any]:
+        failed = [e for e in self.task_events() if e["event"] == "runner_on_failed"]
+        assert failed, "expected a failed task"
+        return failed[0]
+
+    def changed_before(self, failure: dict[str, Any]) -> list[str]:
+        events = self.task_events()
+        return [
+            e["event_data"].get("task", "?") for e in events[: events.index(failure)]
+            if e["event_data"].get("res", {}).get("changed")
+        ]
+
+    def ok_tasks(self) -> list[str]:
+        return [e["event_data"].get("task", "?") for e in self.task_events() if e["event"] == "runner_on_ok"]
+
+
+@pytest.fixture
+def run_local(tmp_path: Path):
+    def _run(playbook: str, extravars: dict[str, Any]) -> Run:
+        (tmp_path / "runner").mkdir(exist_ok=True)
+        inventory = {"all": {"children": {"gpu_servers": {"hosts": {"localhost": {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+        }}}}}}
+        result = ansible_runner.run(
+            private_data_dir=str(tmp_path / "runner"),
+            playbook=str(PLAYBOOKS / playbook),
+            inventory=inventory,
+            extravars={"glm5_gpu_required": False, **extravars},
+            cmdline="--check",
+            envvars={
+                "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+                "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+                "ANSIBLE_CACHE_PLUGIN": "memory",
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+            },
+            quiet=True,
+        )
+        return Run(rc=result.rc, events=list(result.events))
+
+    return _run
+
+
+@pytest.fixture
+def model_files(tmp_path: Path) -> dict[str, str]:
+    """A model layout (placeholder files) and the service variables pointing at it."""
+    base = tmp_path / "model" / "base"
+    gguf = tmp_path / "model" / "gguf" / "UD-Q4_K_XL"
+    base.mkdir(parents=True)
+    gguf.mkdir(parents=True)
+    (base / "config.json").write_text(json.dumps({"num_attention_heads": 64, "index_topk": 2048}))
+    (base / "chat_template.jinja").write_text("{{ messages }}\n")
+    for i in (1, 2):
+        (gguf / f"GLM-5-UD-Q4_K_XL-0000{i}-of-00002.gguf").write_bytes(b"GGUF placeholder")
+    return {
+        "vllm_service_gguf_path": str(gguf / "GLM-5-UD-Q4_K_XL-00001-of-00002.gguf"),
+        "vllm_service_tokenizer_dir": str(base),
+        "vllm_service_hf_config_dir": str(base),
+        "vllm_service_chat_template": str(base / "chat_template.jinja"),
+        "vllm_service_api_key": "devtest-key",
+        "vllm_service_validate_args": False,
+        "vllm_service_port": 18777,
+    }

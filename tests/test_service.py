@@ -1,0 +1,124 @@
+"""Post-deploy checks of the vLLM service (role vllm_service).
+
+In the molecule containers the unit runs vllm_probe_standin (a test double of
+`vllm serve`, there is no GPU); the checks here hold for both. GPU-only checks skip
+with a reason where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+# Recorded in docs/service.md; a hardening regression raises the score.
+MAX_EXPOSURE = 3.5
+FORBIDDEN = ("PrivateDevices=yes", "ProcSubset=pid", "MemoryDenyWriteExecute=yes",
+             "SystemCallFilter=", "RestrictAddressFamilies=")
+
+
+def test_unit_enabled_and_active(host, service):
+    unit = host.service(f"{service.unit}.service")
+    assert unit.is_enabled
+    assert unit.is_running
+
+
+def test_unit_verifies(host, service):
+    cmd = host.run(f"systemd-analyze verify /etc/systemd/system/{service.unit}.service")
+    assert cmd.rc == 0, cmd.stderr
+    assert f"{service.unit}.service:" not in cmd.stderr
+
+
+def test_unit_hardening_keeps_gpus_working(host, service):
+    text = host.file(f"/etc/systemd/system/{service.unit}.service").content_string
+    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+                 "PrivateTmp=yes", "DevicePolicy=closed", "DeviceAllow=char-nvidia-uvm rw",
+                 "DeviceAllow=char-nvidiactl rw", "Restart=on-failure", "Environment=\"HF_HUB_OFFLINE=1\"",
+                 "Environment=\"CUDA_DEVICE_ORDER=PCI_BUS_ID\""):
+        assert line in text
+    active = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    for bad in FORBIDDEN:
+        assert not any(ln.startswith(bad) for ln in active), bad
+    assert "--attention-backend TRITON_MLA" in text
+
+
+def test_exposure_score(host, service):
+    cmd = host.run(f"systemd-analyze security --no-pager {service.unit}.service")
+    assert cmd.rc == 0, cmd.stderr
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", cmd.stdout)
+    assert m, cmd.stdout[-500:]
+    assert float(m.group(1)) <= MAX_EXPOSURE, cmd.stdout[-300:]
+
+
+def test_env_file_holds_the_key_mode_0600(host, service):
+    env = host.file(f"/etc/glm5/{service.unit}.env")
+    assert env.user == "root"
+    assert env.mode == 0o600
+    if service.api_key:
+        assert f"VLLM_API_KEY={service.api_key}" in env.content_string
+        for path in (f"/etc/systemd/system/{service.unit}.service", f"/etc/glm5/{service.unit}.cmdline"):
+            assert service.api_key not in host.file(path).content_string
+        pid = host.run(f"systemctl show -p MainPID --value {service.unit}.service").stdout.strip()
+        cmdline = host.file(f"/proc/{pid}/cmdline").content_string
+        assert service.api_key not in cmdline
+
+
+def test_runs_as_service_user(host, service):
+    user = host.run(f"systemctl show -p User --value {service.unit}.service").stdout.strip()
+    assert user and user != "root"
+    pid = host.run(f"systemctl show -p MainPID --value {service.unit}.service").stdout.strip()
+    status = host.file(f"/proc/{pid}/status").content_string
+    uid = re.search(r"^Uid:\s+(\d+)", status, re.M)
+    assert uid and uid.group(1) != "0"
+
+
+def test_port_listens_only_on_configured_address(host, service):
+    out = host.run(f"ss -Htln 'sport = :{service.port}'").stdout
+    locals_ = {line.split()[3].rsplit(":", 1)[0].strip("[]") for line in out.splitlines() if line.strip()}
+    assert locals_, f"nothing listens on port {service.port}"
+    expected = {service.host, "*"} if service.host in {"0.0.0.0", "::"} else {service.host}
+    assert locals_ <= expected | ({"0.0.0.0", "::", "*"} if service.host in {"0.0.0.0", "::"} else set())
+
+
+def test_health(http_get, service):
+    assert http_get("/health", service, with_key=False).status == 200
+
+
+def test_models_without_key_is_401(http_get, service):
+    assert http_get("/v1/models", service, with_key=False).status == 401
+
+
+def test_models_lists_served_name(http_get, service):
+    if not service.api_key:
+        pytest.skip("no API key: set vllm_service_api_key in the inventory or GLM5_VLLM_API_KEY")
+    answer = http_get("/v1/models", service)
+    assert answer.status == 200
+    assert service.name in [m["id"] for m in answer.json()["data"]]
+
+
+def test_standin_start_checks_passed(host, service):
+    """vllm_probe_standin did what vLLM does at start, under the unit's hardening."""
+    report = host.file(f"/var/lib/{service.unit}/vllm_probe_standin-report.json")
+    if not report.exists:
+        pytest.skip("the unit runs vLLM, not vllm_probe_standin")
+    data = json.loads(report.content_string)
+    assert data["failed"] == [], data["checks"]
+
+
+def test_nvidia_devices_allowed(host, service):
+    if not service.gpu_required:
+        pytest.skip("no GPU on this host (glm5_gpu_required: false)")
+    names = {ln.split()[1] for ln in host.file("/proc/devices").content_string.splitlines()
+             if len(ln.split()) == 2 and ln.split()[1].startswith("nvidia")}
+    text = host.file(f"/etc/systemd/system/{service.unit}.service").content_string
+    missing = [n for n in names if f"DeviceAllow=char-{n} rw" not in text]
+    assert not missing, f"/proc/devices NVIDIA groups not allowed: {missing}"
+
+
+def test_triton_mla_backend_in_startup_log(host, service):
+    if not service.gpu_required:
+        pytest.skip("no GPU on this host: vLLM does not run here, its log has no backend line")
+    inv = host.run(f"systemctl show -p InvocationID --value {service.unit}.service").stdout.strip()
+    log = host.run(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={inv}").stdout
+    assert re.search(r"TRITON_MLA|TritonMLA", log), "startup log does not show the Triton MLA backend"
