@@ -71,6 +71,7 @@ def _worker(
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
+        device_id=device if backend == "nccl" else None,
     )
     try:
         # Exactness first, on a fresh buffer.
