@@ -36,7 +36,15 @@ def run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
     env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
     return subprocess.run(
-        [str(ANSIBLE), "-i", "localhost,", str(book), *extra],
+        [
+            str(ANSIBLE),
+            "-i",
+            "localhost,",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(book),
+            *extra,
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
