@@ -79,9 +79,7 @@ class FakeSetpci:
 
 def test_disable_acs_clears_only_bridges_with_acs():
     fake = FakeSetpci({"0000:01:00.0": "001d", "0000:02:00.0": "0000"})
-    changed = acs.disable_acs(
-        ["0000:00:01.0", "0000:01:00.0", "0000:02:00.0"], "setpci", fake, False
-    )
+    changed = acs.disable_acs(["0000:00:01.0", "0000:01:00.0", "0000:02:00.0"], "setpci", fake, False)
     assert changed == ["0000:01:00.0"]
     assert fake.regs["0000:01:00.0"] == "0000"
 
@@ -136,9 +134,7 @@ class FakeSmi:
     def __call__(self, argv):
         self.calls.append(argv[1:])
         if argv[1].startswith("--query-gpu"):
-            lines = [
-                f"{i}, {g[0]}, {g[1]:.2f}, {g[2]:.2f}, {g[3]}" for i, g in enumerate(self.gpus)
-            ]
+            lines = [f"{i}, {g[0]}, {g[1]:.2f}, {g[2]:.2f}, {g[3]}" for i, g in enumerate(self.gpus)]
             return 0, "\n".join(lines)
         if argv[1] == "-pm":
             for g in self.gpus:

@@ -88,9 +88,7 @@ def problems(gpus: list[Gpu], config: dict[str, Any]) -> list[str]:
     for gpu in gpus:
         want = target_watts(gpu.name, config)
         if want and abs(gpu.limit_w - want) > 1.0:
-            found.append(
-                f"GPU {gpu.index} ({gpu.name}): power limit {gpu.limit_w} W, want {want} W"
-            )
+            found.append(f"GPU {gpu.index} ({gpu.name}): power limit {gpu.limit_w} W, want {want} W")
         if config.get("persistence", True) and not gpu.persistence:
             found.append(f"GPU {gpu.index} ({gpu.name}): persistence mode off")
     return found
@@ -105,10 +103,7 @@ def apply(gpus: list[Gpu], config: dict[str, Any], smi: str, run: Runner) -> Non
         want = target_watts(gpu.name, config)
         if want:
             if gpu.max_limit_w and want > gpu.max_limit_w:
-                raise RuntimeError(
-                    f"GPU {gpu.index} ({gpu.name}): {want} W is above its maximum "
-                    f"{gpu.max_limit_w} W"
-                )
+                raise RuntimeError(f"GPU {gpu.index} ({gpu.name}): {want} W is above its maximum {gpu.max_limit_w} W")
             rc, out = run([smi, "-i", str(gpu.index), "-pl", str(want)])
             if rc != 0:
                 raise RuntimeError(f"nvidia-smi -pl on GPU {gpu.index} failed: {out}")

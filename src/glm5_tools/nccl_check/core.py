@@ -29,9 +29,7 @@ def nccl_env(p2p_disable: bool = False, p2p_level: str = "") -> dict[str, str]:
     if p2p_level:
         level = p2p_level.upper()
         if level not in P2P_LEVELS:
-            raise ValueError(
-                f"NCCL_P2P_LEVEL must be one of {', '.join(P2P_LEVELS)}, not {p2p_level!r}"
-            )
+            raise ValueError(f"NCCL_P2P_LEVEL must be one of {', '.join(P2P_LEVELS)}, not {p2p_level!r}")
         env["NCCL_P2P_LEVEL"] = level
     return env
 
@@ -88,8 +86,7 @@ def verdict(result: Result) -> Result:
     if not result.sum_exact:
         result.ok = False
         result.message = (
-            f"all-reduce over {result.world_size} ranks returned {result.mismatches} wrong "
-            f"elements. {ACS_HINT}"
+            f"all-reduce over {result.world_size} ranks returned {result.mismatches} wrong elements. {ACS_HINT}"
         )
         return result
     if result.world_size > 1 and result.busbw_gbps < result.min_busbw_gbps:
