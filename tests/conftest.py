@@ -107,9 +107,7 @@ def http_get(host: Any):
     def _get(path: str, service: Service, with_key: bool = True) -> HttpAnswer:
         key = service.api_key if with_key else ""
         cmd = host.run(
-            "printf %s {} | python3 -c {} {}".format(
-                _shq(key), _shq(_GET), _shq(service.base_url + path)
-            )
+            f"printf %s {_shq(key)} | python3 -c {_shq(_GET)} {_shq(service.base_url + path)}"
         )
         assert cmd.rc == 0, cmd.stderr
         status, _, body = cmd.stdout.partition("\n")

@@ -9,7 +9,6 @@ import socket
 import pytest
 
 
-
 def message(event) -> str:
     res = event["event_data"]["res"]
     return str(res.get("msg", "")) + json.dumps(res.get("results", []))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +133,7 @@ def main() -> None:
     if changed and not module.check_mode:
         tmp = stamp_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o640)
+        tmp.chmod(0o640)
         tmp.replace(stamp_path)
     module.exit_json(changed=changed, files=len(entries), bytes=total, hashed=hashed)
 

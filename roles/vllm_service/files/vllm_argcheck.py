@@ -43,7 +43,14 @@ def main() -> int:
         errors.append(f"unknown reasoning parser {args.reasoning_parser!r}")
     if args.tool_call_parser and args.tool_call_parser not in ToolParserManager.list_registered():
         errors.append(f"unknown tool-call parser {args.tool_call_parser!r}")
+    # argparse keeps --attention-backend a string; vLLM's AttentionConfig validates it.
+    from vllm.config.attention import AttentionConfig
+
     backend = args.attention_backend
+    try:
+        backend = AttentionConfig(backend=backend).backend
+    except Exception as exc:
+        errors.append(f"--attention-backend {args.attention_backend!r}: {exc}".splitlines()[0])
     result = {
         "model": args.model_tag,
         "attention_backend": getattr(backend, "name", backend),

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -16,8 +15,12 @@ description:
   - Reads /proc/net/tcp and /proc/net/tcp6 for listening sockets on I(port), maps their
     inodes to processes through /proc/<pid>/fd, and those to units through
     /proc/<pid>/cgroup. Read-only; needs root to see other users' sockets.
+  - Without CAP_SYS_PTRACE (containers) root cannot read other users' /proc/<pid>/fd;
+    then a socket counts as the unit's when the unit is active and its main process
+    has the socket's owner uid.
 options:
   port: {description: TCP port., type: int, required: true}
+  unit: {description: The unit expected to own the port (e.g. vllm-glm-5.service)., type: str, default: ""}
 author: glm5-deploy
 """
 
@@ -31,6 +34,7 @@ RETURN = r"""
 listening: {description: Whether anything listens on the port., type: bool, returned: always}
 pids: {description: Processes holding a listening socket on it., type: list, returned: always}
 units: {description: systemd units of those processes (e.g. vllm-glm-5.service)., type: list, returned: always}
+owned_by_unit: {description: Every listener belongs to I(unit)., type: bool, returned: always}
 """
 
 LISTEN = "0A"
@@ -39,7 +43,12 @@ UNIT = re.compile(r"([^/]+\.(?:service|scope))$")
 
 def listening_inodes(port: int, proc: Path = Path("/proc")) -> set[str]:
     """Inodes of sockets in LISTEN state on ``port`` (IPv4 and IPv6)."""
-    inodes: set[str] = set()
+    return set(listening_sockets(port, proc))
+
+
+def listening_sockets(port: int, proc: Path = Path("/proc")) -> dict[str, int]:
+    """{inode: owner uid} of sockets in LISTEN state on ``port`` (IPv4 and IPv6)."""
+    inodes: dict[str, int] = {}
     for name in ("tcp", "tcp6"):
         try:
             lines = (proc / "net" / name).read_text().splitlines()[1:]
@@ -49,9 +58,9 @@ def listening_inodes(port: int, proc: Path = Path("/proc")) -> set[str]:
             fields = line.split()
             if len(fields) < 10:
                 continue
-            local, state, inode = fields[1], fields[3], fields[9]
+            local, state, uid, inode = fields[1], fields[3], fields[7], fields[9]
             if state == LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
-                inodes.add(inode)
+                inodes[inode] = int(uid)
     return inodes
 
 
@@ -68,7 +77,7 @@ def owners(inodes: set[str], proc: Path = Path("/proc")) -> tuple[list[int], lis
             continue
         for fd in fds:
             try:
-                target = os.readlink(fd)
+                target = str(fd.readlink())
             except OSError:
                 continue
             if target in wanted:
@@ -86,11 +95,29 @@ def owners(inodes: set[str], proc: Path = Path("/proc")) -> tuple[list[int], lis
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"port": {"type": "int", "required": True}}, supports_check_mode=True
+        argument_spec={"port": {"type": "int", "required": True}, "unit": {"type": "str", "default": ""}},
+        supports_check_mode=True,
     )
-    inodes = listening_inodes(module.params["port"])
-    pids, units = owners(inodes) if inodes else ([], [])
-    module.exit_json(changed=False, listening=bool(inodes), pids=pids, units=units)
+    sockets = listening_sockets(module.params["port"])
+    unit = module.params["unit"]
+    pids, units = owners(set(sockets)) if sockets else ([], [])
+    owned = bool(sockets) and bool(unit) and units == [unit]
+    if sockets and unit and not pids:
+        rc, out, _ = module.run_command(["systemctl", "show", "-p", "MainPID", "--value", unit])
+        main_pid = out.strip() if rc == 0 else ""
+        uid = main_uid(Path("/proc"), main_pid) if main_pid not in {"", "0"} else None
+        owned = uid is not None and set(sockets.values()) == {uid}
+    module.exit_json(changed=False, listening=bool(sockets), pids=pids, units=units, owned_by_unit=owned)
+
+
+def main_uid(proc: Path, pid: str) -> int | None:
+    try:
+        for line in (proc / pid / "status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 if __name__ == "__main__":
