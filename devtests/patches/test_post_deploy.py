@@ -1,0 +1,53 @@
+"""tests/test_patches.py (the post-deploy check) on the local host: a fresh manifest
+passes, a stale one (a patched file changed after the manifest) fails."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from sitecopy import INSTALLED, MODULE, PATCH_DIR, ROOT, make_site
+
+testinfra = pytest.importorskip("testinfra")
+pytestmark = pytest.mark.skipif(INSTALLED is None, reason="needs .venv-ml (pinned vLLM)")
+
+
+def load_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("post_deploy_patches", ROOT / "tests/test_patches.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fresh_passes_stale_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = make_site(tmp_path / "site")
+    patches = tmp_path / "patches" / "vllm-0.20.2"
+    shutil.copytree(PATCH_DIR, patches)
+    args = {
+        "site_packages": str(site),
+        "patch_dir": str(patches),
+        "patchset_version": "0.20.2",
+        "python": sys.executable,
+    }
+    (tmp_path / "a.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    subprocess.run([sys.executable, str(MODULE), str(tmp_path / "a.json")], check=True, capture_output=True)
+    check = load_check()
+    monkeypatch.setattr(check, "PATCHES_DIR", str(tmp_path / "patches"))
+    host = testinfra.get_host("local://")
+    manifest = json.loads((site / "vllm/.glm5-patchset.json").read_text())
+    check.test_manifest_names_installed_vllm(host, str(site), manifest)
+    check.test_patched_files_match_manifest(host, str(site), manifest)
+    check.test_patches_match_manifest(host, manifest)
+    check.test_patches_still_applied(host, str(site), manifest)
+
+    edited = site / "vllm/model_executor/models/deepseek_v2.py"
+    edited.write_text(edited.read_text() + "\n# edited after patching\n")
+    with pytest.raises(AssertionError, match="differs from the manifest"):
+        check.test_patched_files_match_manifest(host, str(site), manifest)
