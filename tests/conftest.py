@@ -30,7 +30,7 @@ def ansible_var(host: Any, name: str, default: Any = None) -> Any:
     except Exception:  # not the ansible backend (e.g. --hosts=local://)
         return default
     value = res.get(name, default) if isinstance(res, dict) else default
-    if isinstance(value, str) and ("VARIABLE IS NOT DEFINED" in value or "{{" in value):
+    if isinstance(value, str) and ("VARIABLE IS NOT DEFINED" in value or "{{" in value or value.startswith("<< error")):
         return default
     return value
 
