@@ -83,7 +83,7 @@ def test_config_readable_patched(tmp_path: Path) -> None:
 
 
 def test_config_unreadable_unpatched(tmp_path: Path) -> None:
-    site = overlay.make_overlay(overlay.overlay_dir("pristine"), [])
+    site = overlay.make_overlay(tmp_path / "pristine", [])
     code = (
         "import sys\n"
         "from vllm.transformers_utils.config import get_config\n"
