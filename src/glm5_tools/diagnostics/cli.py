@@ -1,0 +1,95 @@
+"""python -m glm5_tools.diagnostics: run the funnel, print the verdict table, write JSON.
+
+Exit status: 0 when no stage failed, 1 when one did, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from glm5_tools.diagnostics.result import StageResult, render_table, write_json
+
+
+def _device(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def run(args: argparse.Namespace) -> list[StageResult]:
+    from glm5_tools.diagnostics import (
+        stage_attention,
+        stage_dequant,
+        stage_e2e,
+        stage_mapping,
+        stage_sharding,
+        torch_dequant,
+    )
+    from glm5_tools.diagnostics.dims import MLADims, load_config
+    from glm5_tools.diagnostics.gguf_io import read_tensors
+
+    cfg = load_config(Path(args.hf_config))
+    device = _device(args.device)
+    stages = {int(s) for s in args.stages.split(",")}
+    tensors, meta = read_tensors(Path(args.gguf)) if stages & {1, 2, 3} else ({}, {})
+    arch = str(meta.get("general.architecture", "glm-dsa"))
+    results: list[StageResult] = []
+    if 1 in stages:
+        if device == "cpu":
+            results.append(stage_dequant.run_stage(
+                tensors, stage_dequant.torch_cpu_dequantizer,
+                "cpu: independent torch dequantizer (not vLLM's kernel)",
+                per_type=args.per_type, supports=torch_dequant.supported))
+        else:
+            results.append(stage_dequant.run_stage(
+                tensors, stage_dequant.vllm_gpu_dequantizer("cuda:0"),
+                "gpu: vllm ggml_dequantize", per_type=args.per_type))
+    if 2 in stages:
+        from glm5_tools.diagnostics.stage_mapping import hf_params_from_config, hf_params_from_safetensors
+
+        cfg_dir = Path(args.hf_config)
+        cfg_dir = cfg_dir if cfg_dir.is_dir() else cfg_dir.parent
+        params = hf_params_from_safetensors(cfg_dir) or hf_params_from_config(cfg)
+        results.append(stage_mapping.run_stage(params, tensors, cfg, arch))
+    if 3 in stages:
+        results.append(stage_sharding.run_stage(tensors, cfg, args.tp, where="cpu: vLLM linear "
+                                                "weight loaders"))
+    if 4 in stages:
+        dims = MLADims.from_config(cfg).per_rank(args.tp)
+        results.append(stage_attention.run_stage(dims, device))
+    if 5 in stages:
+        results.append(stage_e2e.run_stage(args.server_url, args.model,
+                                           api_key_env=args.api_key_env))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="glm5-diagnose", description=__doc__)
+    p.add_argument("--gguf", required=True, help="the GGUF file, first shard, or directory")
+    p.add_argument("--hf-config", required=True, help="config.json or the directory with it")
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel size deployed")
+    p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--stages", default="1,2,3,4,5")
+    p.add_argument("--per-type", type=int, default=3, help="stage 1: tensors per quant type")
+    p.add_argument("--server-url", default="", help="stage 5: the running server")
+    p.add_argument("--model", default="glm-5", help="stage 5: served model name")
+    p.add_argument("--api-key-env", default="VLLM_API_KEY")
+    args = p.parse_args(argv)
+    try:
+        results = run(args)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"glm5-diagnose: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(render_table(results))
+    if args.json:
+        write_json(results, args.json, {"gguf": str(args.gguf), "tp": args.tp,
+                                        "device": _device(args.device)})
+    return 1 if any(r.verdict.value == "fail" for r in results) else 0
