@@ -1,0 +1,159 @@
+"""Fault injection on a tiny synthetic glm-dsa GGUF: the funnel names the stage at fault.
+
+CPU only (CI): stage 1 runs the independent torch dequantizer, stage 2 the loader's name
+map, stage 3 vLLM's real linear weight loaders, stage 4 the absorbed-vs-expanded
+PyTorch MLA. The GPU variants (vLLM's kernels) are recorded in docs/validation/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from glm5_tools.diagnostics import (
+    stage_attention,
+    stage_dequant,
+    stage_mapping,
+    stage_sharding,
+    torch_dequant,
+)
+from glm5_tools.diagnostics.dims import MLADims
+from glm5_tools.diagnostics.gguf_io import read_tensors
+from glm5_tools.diagnostics.result import StageResult, Verdict, render_table
+from glm5_tools.diagnostics.synthetic import write_gguf
+
+TP = 2
+CFG = {
+    "model_type": "glm_moe_dsa",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 4,
+    "q_lora_rank": 256,
+    "kv_lora_rank": 256,
+    "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 32,
+    "v_head_dim": 64,
+    "index_n_heads": 2,
+    "index_head_dim": 64,
+    "index_topk": 16,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "vocab_size": 256,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "config.json").write_text(json.dumps(CFG))
+    path = write_gguf(CFG, d / "tiny-glm-dsa.gguf")
+    tensors, meta = read_tensors(path)
+    return tensors, meta
+
+
+def funnel(model, dequantizer=None, mapper=None, kv_b_builder=None, scale=None):
+    tensors, meta = model
+    arch = str(meta["general.architecture"])
+    return [
+        stage_dequant.run_stage(tensors, dequantizer or stage_dequant.torch_cpu_dequantizer,
+                                "cpu", supports=torch_dequant.supported),
+        stage_mapping.run_stage(stage_mapping.hf_params_from_config(CFG), tensors, CFG, arch,
+                                mapper=mapper),
+        stage_sharding.run_stage(tensors, CFG, TP,
+                                 kv_b_builder=kv_b_builder or stage_sharding.rebuild_kv_b),
+        stage_attention.run_stage(MLADims.from_config(CFG).per_rank(TP), "cpu",
+                                  scale_under_test=scale),
+    ]
+
+
+def failing(results: list[StageResult]) -> list[int]:
+    print(render_table(results))
+    return [r.stage for r in results if r.verdict is Verdict.FAIL]
+
+
+def test_clean_model_passes_every_stage(model):
+    results = funnel(model)
+    assert failing(results) == []
+    assert all(r.verdict is Verdict.PASS for r in results)
+
+
+def test_corrupted_dequantization_is_stage_1(model):
+    def corrupted(raw, qtype, m, n):
+        out = stage_dequant.torch_cpu_dequantizer(raw, qtype, m, n).clone()
+        out[:, ::32] *= -1  # one value in every 32 sign-flipped (a wrong scale bit)
+        return out
+
+    assert failing(funnel(model, dequantizer=corrupted)) == [1]
+
+
+def test_dropped_mapping_is_stage_2(model):
+    tensors, _ = model
+    base = stage_mapping.loader_mapper("glm-dsa", 2, set(tensors))
+
+    def dropped(hf):
+        return [] if hf == "model.layers.1.self_attn.kv_a_proj_with_mqa.weight" else base(hf)
+
+    results = funnel(model, mapper=dropped)
+    assert failing(results) == [2]
+    assert any("unmapped" in d for d in results[1].details)
+    assert any("unused" in d for d in results[1].details)
+
+
+def test_swapped_mapping_is_stage_2(model):
+    tensors, _ = model
+    base = stage_mapping.loader_mapper("glm-dsa", 2, set(tensors))
+    swap = {"model.layers.0.mlp.gate_proj.weight": "model.layers.0.mlp.up_proj.weight",
+            "model.layers.0.mlp.up_proj.weight": "model.layers.0.mlp.gate_proj.weight"}
+
+    def swapped(hf):
+        return base(swap.get(hf, hf))
+
+    results = funnel(model, mapper=swapped)
+    assert failing(results) == [2]
+    assert any("round trip" in d for d in results[1].details)
+
+
+def test_mis_sharded_kv_b_proj_is_stage_3(model):
+    def all_k_then_all_v(k_b, v_b):
+        # k blocks of every head, then v blocks of every head: a row split then hands
+        # each rank the k of some heads and the v of others
+        lora = k_b.shape[1]
+        return torch.cat([k_b.transpose(1, 2).reshape(-1, lora), v_b.reshape(-1, lora)])
+
+    results = funnel(model, kv_b_builder=all_k_then_all_v)
+    assert failing(results) == [3]
+    assert any("kv_b_proj" in d and "rank" in d for d in results[2].details)
+
+
+def test_wrong_softmax_scale_is_stage_4(model):
+    d = MLADims.from_config(CFG)
+    wrong = (d.kv_lora_rank + d.qk_rope_head_dim) ** -0.5  # the latent-dim mistake
+    assert failing(funnel(model, scale=wrong)) == [4]
+
+
+def test_torch_dequantizer_matches_gguf_py_on_every_type(model):
+    tensors, _ = model
+    result = stage_dequant.run_stage(tensors, stage_dequant.torch_cpu_dequantizer, "cpu",
+                                     per_type=10, supports=torch_dequant.supported)
+    assert result.verdict is Verdict.PASS
+    assert result.measured == 0.0
+    assert {"Q4_K", "Q5_K", "Q6_K", "Q8_0"} <= {t.type_name for t in tensors.values()}
+
+
+def test_cli_writes_json_and_exit_status(model, tmp_path: Path):
+    from glm5_tools.diagnostics.cli import main
+
+    cfg = next(tmp_path.parent.glob("tiny*/config.json"))  # the module fixture's model
+    out = tmp_path / "out.json"
+    rc = main(["--gguf", str(cfg.parent / "tiny-glm-dsa.gguf"), "--hf-config", str(cfg),
+               "--tp", str(TP), "--device", "cpu", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert rc == 0 and data["ok"] is True
+    assert [s["verdict"] for s in data["stages"]] == ["pass", "pass", "pass", "pass", "skip"]
