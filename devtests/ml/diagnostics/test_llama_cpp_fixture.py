@@ -1,0 +1,51 @@
+"""The funnel on the team's llama.cpp-converted and -quantized tiny GLM-5 (when built).
+
+Real names (safetensors headers) against a real llama.cpp GGUF: every CPU stage passes,
+and a mis-sharded kv_b_proj on the real attn_k_b/attn_v_b is caught by stage 3.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from glm5_tools.diagnostics import stage_dequant, stage_mapping, stage_sharding, torch_dequant
+from glm5_tools.diagnostics.gguf_io import read_tensors
+from glm5_tools.diagnostics.result import Verdict
+
+FIXTURE = Path(__file__).resolve().parents[3] / ".cache" / "fixtures" / "tiny-glm5"
+GGUF = FIXTURE / "gguf" / "tiny-glm5-UD-Q4_K_XL.gguf"
+pytestmark = pytest.mark.skipif(not GGUF.exists(),
+                                reason="tiny GLM-5 fixture not built (scripts/make-tiny-glm5)")
+
+
+@pytest.fixture(scope="module")
+def fixture_model():
+    cfg = json.loads((FIXTURE / "hf" / "config.json").read_text())
+    tensors, meta = read_tensors(GGUF)
+    return cfg, tensors, meta
+
+
+def test_cpu_stages_pass_on_llama_cpp_gguf(fixture_model):
+    cfg, tensors, meta = fixture_model
+    params = stage_mapping.hf_params_from_safetensors(FIXTURE / "hf")
+    assert params
+    r1 = stage_dequant.run_stage(tensors, stage_dequant.torch_cpu_dequantizer, "cpu",
+                                 supports=torch_dequant.supported)
+    r2 = stage_mapping.run_stage(params, tensors, cfg, str(meta["general.architecture"]))
+    r3 = stage_sharding.run_stage(tensors, cfg, 8, layers=[0, 1])
+    assert [r.verdict for r in (r1, r2, r3)] == [Verdict.PASS] * 3, (r1, r2, r3)
+
+
+def test_mis_sharded_kv_b_on_real_k_b_v_b(fixture_model):
+    cfg, tensors, _ = fixture_model
+
+    def wrong(k_b, v_b):
+        lora = k_b.shape[1]
+        return torch.cat([k_b.transpose(1, 2).reshape(-1, lora), v_b.reshape(-1, lora)])
+
+    r3 = stage_sharding.run_stage(tensors, cfg, 8, kv_b_builder=wrong, layers=[1])
+    assert r3.verdict is Verdict.FAIL
