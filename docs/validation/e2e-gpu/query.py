@@ -2,33 +2,39 @@
 import json
 import sys
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 port, prefix, prompts_path, vocab = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 url = f"http://127.0.0.1:{port}/v1/completions"
 
 
-def post(body):
+def post(body: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            return json.loads(r.read())
+            result: dict[str, Any] = json.loads(r.read())
+            return result
     except urllib.error.HTTPError as e:
         return {"http_error": e.code, "body": e.read().decode()[:2000]}
 
 
-def tid(s):
+def tid(s: str) -> int:
     return int(s.split(":", 1)[1])
 
 
-prompts = json.load(open(prompts_path))
-summary = {"port": port, "prompts": []}
-arrays = {}
+with Path(prompts_path).open() as f:
+    prompts: list[dict[str, Any]] = json.load(f)
+summary: dict[str, Any] = {"port": port, "prompts": []}
+arrays: dict[str, npt.NDArray[Any]] = {}
 for k, p in enumerate(prompts):
     ids = p["ids"]
-    rec = {"n_tokens": len(ids)}
+    rec: dict[str, Any] = {"n_tokens": len(ids)}
     t = time.time()
     for K in (vocab, 20):
         r = post({"model": "glm-5", "prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True,
@@ -61,6 +67,8 @@ for k, p in enumerate(prompts):
     else:
         rec["greedy_error"] = g
     summary["prompts"].append(rec)
-    print(prefix, k, {x: rec.get(x) for x in ("n_tokens", "logprobs_k", "echo_matches_prompt", "greedy_ids")}, flush=True)
+    print(prefix, k, {x: rec.get(x) for x in ("n_tokens", "logprobs_k", "echo_matches_prompt", "greedy_ids")},
+          flush=True)
 np.savez_compressed(prefix + ".npz", **arrays)
-json.dump(summary, open(prefix + ".json", "w"), indent=1)
+with Path(prefix + ".json").open("w") as f:
+    json.dump(summary, f, indent=1)
