@@ -10,12 +10,12 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ansible_runner
 import pytest
+from runner_events import Run
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("MOLECULE_IMAGE", "glm5-test/debian13-systemd:1")
@@ -51,27 +51,6 @@ def container() -> Iterator[str]:
         yield name
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-
-
-@dataclass
-class Run:
-    rc: int
-    events: list[dict[str, Any]]
-
-    def task_events(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("event", "").startswith("runner_on_")]
-
-    def first_failure(self) -> dict[str, Any]:
-        failed = [e for e in self.task_events() if e["event"] == "runner_on_failed"]
-        assert failed, "expected a failed task"
-        return failed[0]
-
-    def changed_before(self, failure: dict[str, Any]) -> list[str]:
-        before = self.task_events()[: self.task_events().index(failure)]
-        return [
-            e["event_data"].get("task", "?") for e in before
-            if e["event_data"].get("res", {}).get("changed")
-        ]
 
 
 @pytest.fixture

@@ -7,45 +7,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ansible_runner
 import pytest
+from runner_events import Run
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 # The typed package under src/ (not installed into the tool venv).
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
-
-
-@dataclass
-class Run:
-    rc: int
-    events: list[dict[str, Any]]
-
-    def task_events(self) -> list[dict[str, Any]]:
-        return [
-            e for e in self.events
-            if e.get("event") in {"runner_on_ok", "runner_on_failed", "runner_on_skipped"}
-        ]
-
-    def first_failure(self) -> dict[str, Any]:
-        failed = [e for e in self.task_events() if e["event"] == "runner_on_failed"]
-        assert failed, "expected a failed task"
-        return failed[0]
-
-    def changed_before(self, failure: dict[str, Any]) -> list[str]:
-        events = self.task_events()
-        return [
-            e["event_data"].get("task", "?") for e in events[: events.index(failure)]
-            if e["event_data"].get("res", {}).get("changed")
-        ]
-
-    def ok_tasks(self) -> list[str]:
-        return [e["event_data"].get("task", "?") for e in self.task_events() if e["event"] == "runner_on_ok"]
 
 
 @pytest.fixture
