@@ -49,6 +49,9 @@ class Service:
     port: int
     api_key: str
     gpu_required: bool
+    # The unit runs vllm_probe_standin (the test double of `vllm serve` in the
+    # molecule containers), which serves no model and no vLLM metrics.
+    standin: bool
 
     @property
     def url_host(self) -> str:
@@ -66,6 +69,7 @@ def service(host: Any) -> Service:
     ) or ansible_var(host, "glm5_served_model_name", "glm-5")
     key = os.environ.get("GLM5_VLLM_API_KEY") or ansible_var(host, "vllm_service_api_key", "")
     gpu = os.environ.get("GLM5_GPU_REQUIRED")
+    unit_file = host.file(f"/etc/systemd/system/vllm-{name}.service")
     return Service(
         name=str(name),
         unit=f"vllm-{name}",
@@ -73,6 +77,7 @@ def service(host: Any) -> Service:
         port=int(os.environ.get("GLM5_VLLM_PORT") or ansible_var(host, "vllm_service_port", 8000)),
         api_key=str(key),
         gpu_required=_bool(gpu if gpu is not None else ansible_var(host, "glm5_gpu_required", True)),
+        standin=unit_file.exists and "vllm_probe_standin" in unit_file.content_string,
     )
 
 

@@ -96,9 +96,9 @@ def test_production_bind_address(host):
     )
 
 
-def test_production_metrics(host):
+def test_production_metrics(host, service):
     _service_up(host)
-    if "vllm_probe_standin" in host.file(f"/etc/systemd/system/{UNIT}").content_string:
+    if service.standin:
         pytest.skip("the unit runs vllm_probe_standin (test double), which has no vLLM metrics")
     url = f"http://127.0.0.1:{PORT}/metrics" if API_HOST in ("0.0.0.0", "::") else (f"http://{API_HOST}:{PORT}/metrics")
     out = host.run(
