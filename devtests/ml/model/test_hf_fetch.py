@@ -1,0 +1,153 @@
+"""Role model's hub path (roles/model/files/hf_fetch.py with the real huggingface_hub
+0.36.2 of .venv-ml) against fake_hf_hub, a TEST DOUBLE of the Hugging Face Hub: full
+download, manifest, no-op rerun, resume after an interrupted transfer, gated repository
+with a wrong or missing token, the free-space refusal, and glm5_model_verify catching a
+file corrupted afterwards. Run: PYTHONPATH=src .venv-ml/bin/python -m pytest devtests/ml/model"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from conftest import ABORT_AT, BASE_REPO, GGUF_REPO, QUANT, ROOT, TOKEN, Hub, run_fetch
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _files(local: Path) -> dict[str, str]:
+    """Fetched files (not the manifest nor huggingface_hub's .cache) and their sha256."""
+    return {p.relative_to(local).as_posix(): _sha256(p) for p in sorted(local.rglob("*"))
+            if p.is_file() and ".cache" not in p.relative_to(local).parts and not p.name.startswith(".glm5")}
+
+
+def _verify(local: Path) -> dict:
+    """glm5_model_verify (the role's module) as an ad-hoc Ansible task."""
+    args = f"root={local} manifest={local}/.glm5-manifest.json stamp={local}/.glm5-verified.json"
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-o",
+         "-e", f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
+         "-M", str(ROOT / "roles" / "model" / "library"), "-m", "glm5_model_verify", "-a", args],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=120)
+    out = proc.stdout
+    return {"rc": proc.returncode, "failed": "FAILED" in out, "changed": '"changed": true' in out, "out": out}
+
+
+def test_full_download_manifest_equals_served(hub: Hub, tmp_path: Path) -> None:
+    for repo, sub in ((GGUF_REPO, "gguf"), (BASE_REPO, "base")):
+        local = tmp_path / "model" / sub
+        got = run_fetch(hub, tmp_path, repo, local)
+        assert got.rc == 0, got.result
+        served = hub.served(repo)
+        manifest = json.loads((local / ".glm5-manifest.json").read_text())
+        fetched = {e["path"] for e in manifest}
+        if repo == GGUF_REPO:
+            want = {p for p in served if p.startswith(f"{QUANT}/")}
+            assert len(want) == 2
+        else:
+            want = set(served) - {"README.md"}
+        assert fetched == want
+        for e in manifest:
+            assert e["size"] == served[e["path"]].size
+            assert e["sha256"] == served[e["path"]].sha256
+        assert _files(local) == {p: served[p].sha256 for p in want}
+        assert got.result == {"changed": True, "revision": hub.hub.repo(repo).sha, "files": len(want),
+                              "bytes": sum(served[p].size for p in want), "downloaded": len(want)}
+    # The LFS shards came through the blob redirect; nothing outside the patterns was asked for.
+    blobs = hub.requests("GET", "/_blobs/")
+    assert len(blobs) == 2 and all(e["status"] == 200 for e in blobs)
+    assert not [e for e in hub.hub.log if "BF16" in e["path"] or "README" in e["path"]]
+
+
+def test_second_run_changes_nothing_and_downloads_nothing(hub: Hub, tmp_path: Path) -> None:
+    local = tmp_path / "model" / "gguf"
+    assert run_fetch(hub, tmp_path, GGUF_REPO, local).rc == 0
+    before = {p: p.stat().st_mtime_ns for p in local.rglob("*.gguf")}
+    hub.hub.log.clear()
+    again = run_fetch(hub, tmp_path, GGUF_REPO, local)
+    assert again.rc == 0
+    assert again.result["changed"] is False and again.result["downloaded"] == 0
+    assert [e["path"] for e in hub.hub.log] == [f"/api/models/{GGUF_REPO}/revision/main"]
+    assert {p: p.stat().st_mtime_ns for p in local.rglob("*.gguf")} == before
+
+
+def test_interrupted_download_resumes_with_a_range_request(hub: Hub, tmp_path: Path) -> None:
+    hub.hub.abort_first_get = ABORT_AT
+    local = tmp_path / "model" / "gguf"
+    first = run_fetch(hub, tmp_path, GGUF_REPO, local)
+    assert first.rc == 1 and first.result["failed"] is True
+    assert "download failed" in first.result["msg"] and "\n" not in first.result["msg"]
+    assert not list(local.rglob("*.gguf")), "no shard may be in place after an aborted transfer"
+    partial = list((local / ".cache").rglob("*.incomplete"))
+    assert partial and all(p.stat().st_size > 0 for p in partial)
+    hub.hub.log.clear()
+    second = run_fetch(hub, tmp_path, GGUF_REPO, local)
+    assert second.rc == 0, second.result
+    ranges = [e["range"] for e in hub.requests("GET", "/_blobs/")]
+    assert ranges and all(r is not None and r.startswith("bytes=") and not r.startswith("bytes=0-")
+                          for r in ranges), ranges
+    served = hub.served(GGUF_REPO)
+    assert _files(local) == {p: f.sha256 for p, f in served.items() if p.startswith(f"{QUANT}/")}
+    assert all(e["status"] == 206 for e in hub.requests("GET", "/_blobs/"))
+
+
+def test_gated_repo_wrong_or_missing_token_fails_clearly_and_keeps_files(hub: Hub, tmp_path: Path) -> None:
+    local = tmp_path / "model" / "base"
+    assert run_fetch(hub, tmp_path, BASE_REPO, local).rc == 0
+    before = {p: (p.stat().st_mtime_ns, _sha256(p)) for p in local.iterdir() if p.is_file()}
+    wrong = "hf_wrong_token_0123456789"
+    bad = run_fetch(hub, tmp_path, BASE_REPO, local, token=wrong)
+    assert bad.rc == 1
+    assert "rejected the token" in bad.result["msg"] and "model_hf_token" in bad.result["msg"]
+    assert wrong not in bad.stdout and wrong not in bad.stderr
+    assert [e["status"] for e in hub.hub.log[-1:]] == [401]
+    none = run_fetch(hub, tmp_path, BASE_REPO, local, token=None)
+    assert none.rc == 1
+    assert none.result["msg"].startswith(f"{BASE_REPO} is gated: the hub refused access without a token")
+    assert "\n" not in none.result["msg"]
+    assert {p: (p.stat().st_mtime_ns, _sha256(p)) for p in local.iterdir() if p.is_file()} == before
+    # The ungated GGUF repository needs no token; a wrong one is refused there as well.
+    assert run_fetch(hub, tmp_path, GGUF_REPO, tmp_path / "g1", token=None).rc == 0
+    assert "rejected the token" in run_fetch(hub, tmp_path, GGUF_REPO, tmp_path / "g2", token=wrong).result["msg"]
+
+
+def test_not_enough_disk_is_refused_before_any_download(hub: Hub, tmp_path: Path) -> None:
+    local = tmp_path / "model" / "gguf"
+    local.mkdir(parents=True)
+    headroom = shutil.disk_usage(local).free
+    got = run_fetch(hub, tmp_path, GGUF_REPO, local, headroom=headroom)
+    assert got.rc == 1
+    assert "headroom" in got.result["msg"] and "nothing downloaded" in got.result["msg"]
+    assert not hub.requests(prefix=f"/{GGUF_REPO}/resolve/") and not hub.requests(prefix="/_blobs/")
+    assert [p.name for p in local.iterdir()] == []
+
+
+def test_unknown_repo_and_revision_fail_with_one_line(hub: Hub, tmp_path: Path) -> None:
+    got = run_fetch(hub, tmp_path, "unsloth/GLM-5-GGUF-missing", tmp_path / "x")
+    assert got.rc == 1 and got.result["msg"].endswith("repository not found, or not visible with this token")
+    assert TOKEN not in got.stdout
+
+
+def test_verify_detects_a_corrupted_file_afterwards(hub: Hub, tmp_path: Path) -> None:
+    gguf, base = tmp_path / "model" / "gguf", tmp_path / "model" / "base"
+    assert run_fetch(hub, tmp_path, GGUF_REPO, gguf).rc == 0
+    assert run_fetch(hub, tmp_path, BASE_REPO, base).rc == 0
+    for local in (gguf, base):
+        ok = _verify(local)
+        assert ok["rc"] == 0 and not ok["failed"], ok["out"]
+    shard = sorted(gguf.rglob("*.gguf"))[-1]
+    with shard.open("r+b") as fh:  # same size, one byte flipped
+        fh.seek(shard.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    bad = _verify(gguf)
+    assert bad["rc"] != 0 and bad["failed"] and f"{shard.relative_to(gguf).as_posix()}: sha256" in bad["out"]
+    config = base / "config.json"
+    config.write_text(config.read_text().replace("{", "[", 1))  # a small (git) file
+    bad = _verify(base)
+    assert bad["rc"] != 0 and "config.json: sha256" in bad["out"]
