@@ -1,5 +1,5 @@
-"""Role model's tasks/hub.yml (the Ansible side: environment, no_log, changed_when,
-the failure report) run by ansible-playbook against localhost with .venv-ml's python as
+"""Role model with source hub (the Ansible side: environment, no_log, changed_when, the
+failure report, then verify and layout) run by ansible-playbook against localhost with .venv-ml's python as
 the ml-env, fetching from fake_hf_hub (a TEST DOUBLE of the Hugging Face Hub)."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ PLAYBOOK = """
   tasks:
     - ansible.builtin.include_role:
         name: model
-        tasks_from: hub
 """
 
 
@@ -53,6 +52,9 @@ def test_role_fetches_then_changes_nothing(hub: Hub, tmp_path: Path) -> None:
     for sub in ("gguf", "base"):
         manifest = json.loads((tmp_path / "model" / sub / ".glm5-manifest.json").read_text())
         assert manifest and all(e["sha256"] for e in manifest)
+        stamp = tmp_path / "model" / sub / ".glm5-verified.json"
+        assert set(json.loads(stamp.read_text())) == {e["path"] for e in manifest}
+        assert stamp.stat().st_mode & 0o777 == 0o640
     again = _play(hub, tmp_path, TOKEN)
     assert again.returncode == 0 and _stats(again)["changed"] == 0, again.stdout[-3000:]
     checked = _play(hub, tmp_path, TOKEN, check=True)
