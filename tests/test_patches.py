@@ -53,8 +53,17 @@ def test_patches_match_manifest(host, manifest: dict) -> None:
 
 
 def test_patches_still_applied(host, site: str, manifest: dict) -> None:
-    """The reverse of every patch applies: the tree really is the patched one."""
+    """The patches reverse, newest first and in sequence, on a copy of the patched files:
+    the tree really is the patched one. (One patch alone may not reverse on the tree
+    when a later one changed lines of its context.)"""
     base = f"{PATCHES_DIR}/vllm-{manifest['patchset_version']}"
-    for name in sorted(manifest["patches"]):
-        cmd = host.run(f"patch -p1 -R --dry-run -s -f -d {site} -i {base}/{name}")
-        assert cmd.rc == 0, f"{name} is not applied: {cmd.stdout}{cmd.stderr}"
+    tmp = host.run("mktemp -d").stdout.strip()
+    assert tmp, "mktemp failed"
+    try:
+        for rel in manifest["files"]:
+            assert host.run(f"mkdir -p {tmp}/$(dirname {rel}) && cp {site}/{rel} {tmp}/{rel}").rc == 0, rel
+        for name in sorted(manifest["patches"], reverse=True):
+            cmd = host.run(f"patch -p1 -R -s -f -d {tmp} -i {base}/{name}")
+            assert cmd.rc == 0, f"{name} is not applied: {cmd.stdout}{cmd.stderr}"
+    finally:
+        host.run(f"rm -rf {tmp}")

@@ -34,7 +34,9 @@ def _play(hub: Hub, tmp_path: Path, token: str, check: bool = False) -> subproce
              "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python")}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "ANSIBLE_"))}
     env.update(ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", HOME=str(tmp_path / "home"))
+               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", HOME=str(tmp_path / "home"),
+               # the model role caches its facts: keep them out of the repository's fact cache
+               ANSIBLE_CACHE_PLUGIN="memory")
     cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-e", json.dumps(extra), str(play)]
     return subprocess.run([*cmd, "--check"] if check else cmd, cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600, check=False)

@@ -118,7 +118,9 @@ def roundtrip(gguf_files: list[Path], hf_dir: Path, force_model_type: str = "") 
             mismatch[name] = f"yielded {len(tensors)} times"
         got = dequant(name, tensors[-1])
         qtype = reader_types.get(name, "?")
-        expert = ".mlp.experts.0." in name
+        # Quantized experts stay merged ([n_experts, out, in] under expert 0's name);
+        # unquantized ones arrive one expert at a time (patch 0006).
+        expert = ".mlp.experts.0." in name and got.dim() == 3
         if expert:
             for e in range(n_experts):
                 hf_name = name.replace(".experts.0.", f".experts.{e}.")

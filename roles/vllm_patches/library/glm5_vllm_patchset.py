@@ -24,7 +24,8 @@ description:
     patch set was made for; nothing is touched then.
   - Every patch is tried first on a staging copy of the files it touches (with the
     patch tool); the tree itself changes only when all of them applied there.
-  - A patch whose reverse applies cleanly is already applied (ok, not changed).
+  - The applied patches are the longest prefix of the set whose reverses apply, newest
+    first, in sequence on a staging copy (ok, not changed when that is the whole set).
   - Patched files are byte-compiled with the venv's Python; a manifest JSON records
     the patch set version, the vLLM version, the sha256 of each patch and of each
     patched file.
@@ -126,17 +127,34 @@ class PatchSet:
         self.patches = patches
         self.patch_binary = module.get_bin_path(module.params["patch_binary"], True)
 
-    def _run_patch(self, root: Path, patch: Path, *, reverse: bool, dry: bool) -> bool:
+    def _run_patch(self, root: Path, patch: Path, *, reverse: bool) -> bool:
         cmd = [self.patch_binary, "-p1", "-s", "-f", "-N", "-d", str(root), "-i", str(patch)]
         if reverse:
             cmd.insert(1, "-R")
-        if dry:
-            cmd.insert(1, "--dry-run")
         rc, _out, _err = self.module.run_command(cmd)
         return bool(rc == 0)
 
-    def applied(self, patch: Path) -> bool:
-        return self._run_patch(self.site, patch, reverse=True, dry=True)
+    def applied(self) -> list[Path]:
+        """The patches the tree has: the longest prefix of the set that reverses,
+        newest first, in sequence on a staging copy. (Checking each patch alone on
+        the tree is wrong once a later patch changed lines of an earlier one's
+        context: the earlier one then no longer reverses by itself.)"""
+        for count in range(len(self.patches), 0, -1):
+            if self._reverses(self.patches[:count]):
+                return self.patches[:count]
+        return []
+
+    def _reverses(self, patches: list[Path]) -> bool:
+        staging = Path(tempfile.mkdtemp(prefix="glm5-patchset-"))
+        try:
+            for rel in sorted({t for p in patches for t in patch_targets(p)}):
+                if not (self.site / rel).is_file():
+                    return False
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(self.site / rel, staging / rel)
+            return all(self._run_patch(staging, p, reverse=True) for p in reversed(patches))
+        finally:
+            shutil.rmtree(staging)
 
     def stage(self, patches: list[Path], *, reverse: bool) -> tuple[Path, list[str]]:
         """Apply patches (in order) to a staging copy; fail with nothing touched."""
@@ -150,7 +168,7 @@ class PatchSet:
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, staging / rel)
         for patch in patches:
-            if not self._run_patch(staging, patch, reverse=reverse, dry=False):
+            if not self._run_patch(staging, patch, reverse=reverse):
                 shutil.rmtree(staging)
                 verb = "reverse" if reverse else "apply"
                 self.module.fail_json(
@@ -245,7 +263,7 @@ def main() -> None:
     if not patches:
         module.fail_json(msg=f"no NNNN-*.patch files in {params['patch_dir']}")
     patchset = PatchSet(module, site, patches)
-    done = [p for p in patches if patchset.applied(p)]
+    done = patchset.applied()
     result: dict[str, Any] = {
         "changed": False,
         "vllm_version": vllm_version,
