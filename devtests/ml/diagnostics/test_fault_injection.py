@@ -1,7 +1,8 @@
 """Fault injection on a tiny synthetic glm-dsa GGUF: the funnel names the stage at fault.
 
 CPU only (CI): stage 1 runs the independent torch dequantizer, stage 2 the loader's name
-map, stage 3 vLLM's real linear weight loaders, stage 4 the absorbed-vs-expanded
+map, stage 3 vLLM's real linear weight loaders, stage 4 vLLM's GGUF layers (patched, as
+deployed; gguf-py in place of the matmul kernel), stage 5 the absorbed-vs-expanded
 PyTorch MLA. The GPU variants (vLLM's kernels) are recorded in docs/validation/.
 """
 
@@ -16,6 +17,7 @@ import torch
 from glm5_tools.diagnostics import (
     stage_attention,
     stage_dequant,
+    stage_layers,
     stage_mapping,
     stage_sharding,
     torch_dequant,
@@ -68,6 +70,7 @@ def funnel(model, dequantizer=None, mapper=None, kv_b_builder=None, scale=None):
                                 mapper=mapper),
         stage_sharding.run_stage(tensors, CFG, TP,
                                  kv_b_builder=kv_b_builder or stage_sharding.rebuild_kv_b),
+        stage_layers.run_stage(tensors, CFG, TP),
         stage_attention.run_stage(MLADims.from_config(CFG).per_rank(TP), "cpu",
                                   scale_under_test=scale),
     ]
@@ -132,10 +135,37 @@ def test_mis_sharded_kv_b_proj_is_stage_3(model):
     assert any("kv_b_proj" in d and "rank" in d for d in results[2].details)
 
 
-def test_wrong_softmax_scale_is_stage_4(model):
+def test_merged_shards_in_load_order_is_stage_4(model, tmp_path: Path):
+    """vLLM without patch 0007: fused_qkv_a_proj's shards come out in the file's order
+    ([kv_a, q_a]), the fault behind the garbage answers (docs/validation/e2e_serving.md).
+    Run in a fresh interpreter on an overlay of vLLM lacking 0007."""
+    import overlay
+
+    site = overlay.make_overlay(tmp_path / "site", [p for p in overlay.patches() if not p.name.startswith("0007-")])
+    gguf_path = next(tmp_path.parent.glob("tiny*/tiny-glm-dsa.gguf"))
+    code = (
+        "import json, sys\n"
+        "from glm5_tools.diagnostics import stage_layers\n"
+        "from glm5_tools.diagnostics.gguf_io import read_tensors\n"
+        "tensors, _ = read_tensors(__import__('pathlib').Path(sys.argv[1]))\n"
+        "r = stage_layers.run_stage(tensors, json.loads(sys.argv[2]), int(sys.argv[3]))\n"
+        "print('GLM5-REPORT ' + json.dumps(r.to_dict()))\n"
+    )
+    env_path = str(Path(__file__).resolve().parents[3] / "src")
+    proc = overlay.run_in(site, f"import sys; sys.path.insert(0, {env_path!r})\n" + code,
+                          str(gguf_path), json.dumps(CFG), str(TP))
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("GLM5-REPORT ")]
+    assert lines, proc.stderr[-3000:]
+    report = json.loads(lines[0].removeprefix("GLM5-REPORT "))
+    assert report["verdict"] == "fail" and report["stage"] == 4
+    bad = [d for d in report["details"] if " batch " in d and "rel err" in d]
+    assert bad and all("fused_qkv_a_proj" in d for d in bad), report["details"]
+
+
+def test_wrong_softmax_scale_is_stage_5(model):
     d = MLADims.from_config(CFG)
     wrong = (d.kv_lora_rank + d.qk_rope_head_dim) ** -0.5  # the latent-dim mistake
-    assert failing(funnel(model, scale=wrong)) == [4]
+    assert failing(funnel(model, scale=wrong)) == [5]
 
 
 def test_torch_dequantizer_matches_gguf_py_on_every_type(model):
@@ -156,4 +186,4 @@ def test_cli_writes_json_and_exit_status(model, tmp_path: Path):
                "--tp", str(TP), "--device", "cpu", "--json", str(out)])
     data = json.loads(out.read_text())
     assert rc == 0 and data["ok"] is True
-    assert [s["verdict"] for s in data["stages"]] == ["pass", "pass", "pass", "pass", "skip"]
+    assert [s["verdict"] for s in data["stages"]] == ["pass", "pass", "pass", "pass", "pass", "skip"]

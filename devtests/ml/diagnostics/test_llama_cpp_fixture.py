@@ -1,7 +1,8 @@
 """The funnel on the team's llama.cpp-converted and -quantized tiny GLM-5 (when built).
 
 Real names (safetensors headers) against a real llama.cpp GGUF: every CPU stage passes,
-and a mis-sharded kv_b_proj on the real attn_k_b/attn_v_b is caught by stage 3.
+a mis-sharded kv_b_proj on the real attn_k_b/attn_v_b is caught by stage 3, and stage 4
+refuses a tensor-parallel size whose row splits fall inside quantization blocks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from glm5_tools.diagnostics import stage_dequant, stage_mapping, stage_sharding, torch_dequant
+from glm5_tools.diagnostics import stage_dequant, stage_layers, stage_mapping, stage_sharding, torch_dequant
 from glm5_tools.diagnostics.gguf_io import read_tensors
 from glm5_tools.diagnostics.result import Verdict
 
@@ -37,7 +38,18 @@ def test_cpu_stages_pass_on_llama_cpp_gguf(fixture_model):
                                  supports=torch_dequant.supported)
     r2 = stage_mapping.run_stage(params, tensors, cfg, str(meta["general.architecture"]))
     r3 = stage_sharding.run_stage(tensors, cfg, 8, layers=[0, 1])
-    assert [r.verdict for r in (r1, r2, r3)] == [Verdict.PASS] * 3, (r1, r2, r3)
+    r4 = stage_layers.run_stage(tensors, cfg, 1)
+    assert [r.verdict for r in (r1, r2, r3, r4)] == [Verdict.PASS] * 4, (r1, r2, r3, r4)
+    assert r4.measured is not None and r4.measured < 1e-6
+
+
+def test_layers_refuse_tp_splitting_inside_blocks(fixture_model):
+    """The tiny model's down projections have 256 inputs, one Q6_K block: at TP 8 vLLM's
+    GGUF loader would cut rows inside it (GLM-5's split on whole blocks)."""
+    cfg, tensors, _ = fixture_model
+    r4 = stage_layers.run_stage(tensors, cfg, 8, layers=[1])
+    assert r4.verdict is Verdict.FAIL
+    assert any("down_proj" in d and "inside Q6_K's 256-value blocks" in d for d in r4.details), r4.details
 
 
 def test_mis_sharded_kv_b_on_real_k_b_v_b(fixture_model):

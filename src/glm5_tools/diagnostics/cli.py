@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> list[StageResult]:
         stage_attention,
         stage_dequant,
         stage_e2e,
+        stage_layers,
         stage_mapping,
         stage_sharding,
         torch_dequant,
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> list[StageResult]:
     cfg = load_config(Path(args.hf_config))
     device = _device(args.device)
     stages = {int(s) for s in args.stages.split(",")}
-    tensors, meta = read_tensors(Path(args.gguf)) if stages & {1, 2, 3} else ({}, {})
+    tensors, meta = read_tensors(Path(args.gguf)) if stages & {1, 2, 3, 4} else ({}, {})
     arch = str(meta.get("general.architecture", "glm-dsa"))
     results: list[StageResult] = []
     if 1 in stages:
@@ -62,9 +63,12 @@ def run(args: argparse.Namespace) -> list[StageResult]:
         results.append(stage_sharding.run_stage(tensors, cfg, args.tp, where="cpu: vLLM linear "
                                                 "weight loaders"))
     if 4 in stages:
+        results.append(stage_layers.run_stage(tensors, cfg, args.tp,
+                                              device="cpu" if device == "cpu" else "cuda:0"))
+    if 5 in stages:
         dims = MLADims.from_config(cfg).per_rank(args.tp)
         results.append(stage_attention.run_stage(dims, device))
-    if 5 in stages:
+    if 6 in stages:
         results.append(stage_e2e.run_stage(args.server_url, args.model,
                                            api_key_env=args.api_key_env))
     return results
@@ -77,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel size deployed")
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--stages", default="1,2,3,4,5")
+    p.add_argument("--stages", default="1,2,3,4,5,6")
     p.add_argument("--per-type", type=int, default=3, help="stage 1: tensors per quant type")
-    p.add_argument("--server-url", default="", help="stage 5: the running server")
-    p.add_argument("--model", default="glm-5", help="stage 5: served model name")
+    p.add_argument("--server-url", default="", help="stage 6: the running server")
+    p.add_argument("--model", default="glm-5", help="stage 6: served model name")
     p.add_argument("--api-key-env", default="VLLM_API_KEY")
     args = p.parse_args(argv)
     try:

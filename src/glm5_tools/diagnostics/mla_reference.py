@@ -1,4 +1,4 @@
-"""Plain PyTorch MLA, in the two forms the literature writes it, for stage 4.
+"""Plain PyTorch MLA, in the two forms the literature writes it, for stage 5.
 
 expanded: K and V are rebuilt per head from the latent (k_nope = W_UK c, v = W_UV c),
 then ordinary causal softmax attention. absorbed: W_UK is folded into the query and the

@@ -1,4 +1,4 @@
-"""Stage 4: MLA attention, the implementation under test against plain PyTorch MLA.
+"""Stage 5: MLA attention, the implementation under test against plain PyTorch MLA.
 
 On a GPU (each one in turn) the implementations under test are vLLM's own code paths of
 the Triton MLA backend, called through their real methods with only the surrounding
@@ -31,6 +31,7 @@ from glm5_tools.diagnostics import mla_reference as ref
 from glm5_tools.diagnostics.dims import MLADims
 from glm5_tools.diagnostics.result import StageResult
 
+STAGE = 5
 NAME = "mla attention"
 # max |impl - reference| / max |reference|. Inputs are bfloat16 (the serving dtype); the
 # reference runs in float32 on the same rounded inputs. One bfloat16 rounding of the
@@ -310,7 +311,7 @@ def run_stage(d_rank: MLADims, device: str, scale_under_test: float | None = Non
     for name, err in checks:
         details.append(f"{name}: rel err {err:.3e}")
         worst = float("nan") if math.isnan(err) or math.isnan(worst) else max(worst, err)
-    return StageResult.judge(4, NAME, worst, TOLERANCE, where, details)
+    return StageResult.judge(STAGE, NAME, worst, TOLERANCE, where, details)
 
 
 def describe(d: MLADims) -> dict[str, Any]:

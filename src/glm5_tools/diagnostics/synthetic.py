@@ -4,8 +4,9 @@ Written with gguf-py from the tensor list of an HF config (stage_mapping's), lai
 llama.cpp's converter lays out GLM-5: per-expert weights merged into *_exps, kv_b_proj
 split into attn_k_b (each head's k block transposed) and attn_v_b. Quantized types are
 filled with random blocks whose scales are valid halves, so every GGML layout UD-Q4_K_XL
-uses (Q4_K, Q5_K, Q6_K, Q8_0) is present. Not a model that says anything: the llama.cpp
-fixture (glm5_tools.fixtures) is that.
+uses (Q4_K, Q5_K, Q6_K, Q8_0) is present; row-parallel tensors get a K-quant only where
+their input dimension splits into whole blocks up to TP 8 (else Q8_0), as GLM-5's do.
+Not a model that says anything: the llama.cpp fixture (glm5_tools.fixtures) is that.
 """
 
 from __future__ import annotations
@@ -35,10 +36,17 @@ def _random_quant(shape: tuple[int, ...], qtype: int, rng: np.random.Generator) 
     return raw.reshape(*shape[:-1], shape[-1] // block * nbytes)
 
 
+# Row-parallel layers split their input dimension across ranks; a quantized row splits
+# only on whole blocks (GLM-5's dims split on 256-value blocks up to TP 8).
+_ROW_PARALLEL = ("attn_output", "ffn_down")
+MAX_TP = 8
+
+
 def _qtype_for(name: str, shape: tuple[int, ...], i: int) -> int:
     if len(shape) == 1 or "norm" in name or "exp_probs" in name or "ffn_gate_inp" in name:
         return F32
-    if shape[-1] % 256:
+    block = 256 * MAX_TP if any(part in name for part in _ROW_PARALLEL) else 256
+    if shape[-1] % block:
         return Q8_0
     return (Q4_K, Q5_K, Q6_K, Q8_0)[i % 4]
 
