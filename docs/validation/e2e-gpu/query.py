@@ -1,5 +1,6 @@
 """Query a vLLM OpenAI server: full prompt log-probs (echo) and greedy outputs, token ids."""
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -15,7 +16,10 @@ url = f"http://127.0.0.1:{port}/v1/completions"
 
 
 def post(body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("VLLM_API_KEY"):
+        headers["Authorization"] = "Bearer " + os.environ["VLLM_API_KEY"]
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             result: dict[str, Any] = json.loads(r.read())

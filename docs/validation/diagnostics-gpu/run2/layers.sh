@@ -1,7 +1,7 @@
 #!/bin/bash
 # Stage 4 (GGUF linear layers) on the H200 with vLLM's own GGUF kernels, after the run-3
 # payload was carried (docs/validation/e2e-gpu/run3/carry.sh 0..6):
-#   A  the tiny llama.cpp GLM-5 (UD-Q4_K_XL, 2 shards) at TP 1, stages 1 and 4, patched vLLM
+#   A  the tiny llama.cpp GLM-5 (UD-Q4_K_XL, 2 shards) at TP 1, stage 4, patched vLLM
 #   A' the same, stage 4, on vLLM lacking patch 0007 (the fault of GPU run 3)
 #   B  a synthetic glm-dsa GGUF at GLM-5's real dimensions (glm5dims.py), stage 4 at TP 8
 export PYTHONUNBUFFERED=1
@@ -24,7 +24,7 @@ patch -R -p1 -s -d /root/no7 < "$p7" || { echo "reverse of 0007 failed"; exit 1;
 el "installed, patched (0001-0007), no-0007 overlay made"
 export PYTHONPATH=/root/site:$REPO/src
 D="python3 -m glm5_tools.diagnostics"
-$D --gguf /root/p/gguf --hf-config /root/stash/hf --tp 1 --device cuda --stages 1,4 --json $OUT/tiny-tp1.json \
+$D --gguf /root/p/gguf --hf-config /root/stash/hf --tp 1 --device cuda --stages 4 --json $OUT/tiny-tp1.json \
   2>&1 | grep -vE "^(INFO|WARNING|DEBUG)|^\(|warn" ; el "A done"
 PYTHONPATH=/root/no7:$PYTHONPATH $D --gguf /root/p/gguf --hf-config /root/stash/hf --tp 1 --device cuda --stages 4 \
   --json $OUT/tiny-tp1-no0007.json 2>&1 | grep -vE "^(INFO|WARNING|DEBUG)|^\(|warn" | head -12; el "A' done"
