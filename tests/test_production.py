@@ -107,35 +107,3 @@ def test_production_metrics(host, service):
     )
     assert out.rc == 0, out.stderr
     assert "vllm:" in out.stdout, "no vllm: metrics on /metrics"
-
-
-def _rolled_back(host):
-    if not host.file("/opt/ml-envs/.glm5-rolled-back-from").exists:
-        pytest.skip("no rollback was run on this host")
-
-
-def test_rollback_link_on_previous_venv(host):
-    _rolled_back(host)
-    link = host.file("/opt/ml-env")
-    assert link.is_symlink
-    was = host.file("/opt/ml-envs/.glm5-rolled-back-from").content_string.strip()
-    assert link.linked_to != was
-    assert host.file(f"{link.linked_to}/.glm5-lock.sha256").exists
-
-
-def test_rollback_unit_swapped_and_running(host):
-    _rolled_back(host)
-    unit = host.file(f"/etc/systemd/system/{UNIT}")
-    previous = host.file(f"/etc/systemd/system/{UNIT}.previous")
-    assert unit.exists and previous.exists
-    assert unit.content_string != previous.content_string
-    assert host.service(UNIT).is_running
-
-
-def test_rollback_stand_in_values(host):
-    # The molecule upgrade scenario's fixture: old = aaaa..., stand-in unit "old".
-    if not host.file("/opt/ml-envs/ml-env-cccccccccccc").exists:
-        pytest.skip("not the molecule upgrade fixture")
-    assert host.file("/opt/ml-env").linked_to == "/opt/ml-envs/ml-env-aaaaaaaaaaaa"
-    assert "(old)" in host.file(f"/etc/systemd/system/{UNIT}").content_string
-    assert "sleep 86400" in host.run(f"systemctl show -p ExecStart {UNIT}").stdout

@@ -1,7 +1,8 @@
 """Check an ml-env against its lock; print a JSON report. Runs with the venv's python.
 
-Usage: python ml_env_verify.py LOCK_FILE [--imports] [--min-gpus N]
-Exit status 0 when every pinned version matches (and imports / GPUs are fine), 1 otherwise.
+Usage: python ml_env_verify.py LOCK_FILE [--imports] [--modules a,b,...] [--min-gpus N]
+--imports imports the --modules (default torch,gguf,vllm). Exit status 0 when every
+pinned version matches (and imports / GPUs are fine), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main(argv: list[str]) -> int:
     lock = argv[1]
     imports = "--imports" in argv
     min_gpus = int(argv[argv.index("--min-gpus") + 1]) if "--min-gpus" in argv else 0
+    modules = argv[argv.index("--modules") + 1].split(",") if "--modules" in argv else ["torch", "gguf", "vllm"]
     pins: dict[str, str] = {}
     with Path(lock).open(encoding="utf-8") as handle:
         for raw in handle:
@@ -49,7 +51,7 @@ def main(argv: list[str]) -> int:
     ok = not mismatches
     if imports:
         imported = {}
-        for module in ("torch", "gguf", "vllm"):
+        for module in filter(None, modules):
             try:
                 mod = importlib.import_module(module)
                 imported[module] = str(getattr(mod, "__version__", "?"))
