@@ -135,6 +135,7 @@ class TlsProxy:
     self_signed: bool
     max_body: int
     mask_distro_nginx: bool
+    address: str = "127.0.0.1"
     unit: str = "glm5-tls-proxy"
     config_dir: str = "/etc/glm5/tls-proxy"
 
@@ -149,9 +150,11 @@ class TlsProxy:
         return f"--cacert {_shq(ca)}" if ca else ""
 
     def curl(self, path: str, extra: str = "") -> str:
-        """curl arguments for ``path`` through the proxy, checked against the server name, sent to loopback."""
+        """curl arguments for ``path`` through the proxy, checked against the server name, sent to the
+        proxy's (first) listen address on this host."""
         host = self.server_name
-        return (f"curl -sS {self.ca_args} --resolve {_shq(f'{host}:{self.port}:127.0.0.1')} {extra} "
+        to = f"[{self.address}]" if ":" in self.address else self.address
+        return (f"curl -sS {self.ca_args} --resolve {_shq(f'{host}:{self.port}:{to}')} {extra} "
                 f"{_shq(f'https://{host}:{self.port}{path}')}")
 
 
@@ -173,6 +176,8 @@ def tls_proxy(host: Any) -> TlsProxy:
         self_signed=ansible_var(host, "tls_proxy_certificate_source", "content") == "self_signed",
         max_body=_size(ansible_var(host, "tls_proxy_client_max_body_size", "16m")),
         mask_distro_nginx=_bool(ansible_var(host, "tls_proxy_mask_distro_nginx", True)),
+        address={"0.0.0.0": "127.0.0.1", "::": "::1"}.get(
+            str((ansible_var(host, "tls_proxy_addresses", None) or ["0.0.0.0"])[0]), "127.0.0.1"),
     )
 
 
