@@ -10,7 +10,9 @@ ansible-playbook. Run it as::
     pytest tests/ --hosts=ansible://gpu_servers --ansible-inventory=inventory/production/hosts.yml
 
 Environment overrides (no inventory at hand): GLM5_VLLM_API_KEY, GLM5_SERVED_MODEL_NAME,
-GLM5_VLLM_HOST, GLM5_VLLM_PORT, GLM5_GPU_REQUIRED.
+GLM5_VLLM_HOST, GLM5_VLLM_PORT, GLM5_GPU_REQUIRED; for the optional TLS proxy and GPU
+exporter GLM5_TLS_PROXY, GLM5_TLS_PROXY_PORT, GLM5_GPU_EXPORTER (true/false), and
+GLM5_TLS_PROXY_CA (a CA file on the host that signed the proxy's certificate).
 """
 
 from __future__ import annotations
