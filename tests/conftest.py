@@ -10,7 +10,9 @@ ansible-playbook. Run it as::
     pytest tests/ --hosts=ansible://gpu_servers --ansible-inventory=inventory/production/hosts.yml
 
 Environment overrides (no inventory at hand): GLM5_VLLM_API_KEY, GLM5_SERVED_MODEL_NAME,
-GLM5_VLLM_HOST, GLM5_VLLM_PORT, GLM5_GPU_REQUIRED.
+GLM5_VLLM_HOST, GLM5_VLLM_PORT, GLM5_GPU_REQUIRED; for the optional TLS proxy and GPU
+exporter GLM5_TLS_PROXY, GLM5_TLS_PROXY_PORT, GLM5_GPU_EXPORTER (true/false), and
+GLM5_TLS_PROXY_CA (a CA file on the host that signed the proxy's certificate).
 """
 
 from __future__ import annotations
@@ -123,3 +125,100 @@ def http_get(host: Any):
 
 def _shq(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+@dataclass(frozen=True)
+class TlsProxy:
+    """The TLS reverse proxy (role tls_proxy) as the inventory configures it."""
+
+    enabled: bool
+    port: int
+    server_name: str
+    self_signed: bool
+    max_body: int
+    mask_distro_nginx: bool
+    address: str = "127.0.0.1"
+    unit: str = "glm5-tls-proxy"
+    config_dir: str = "/etc/glm5/tls-proxy"
+
+    @property
+    def certificate(self) -> str:
+        return f"{self.config_dir}/tls.crt"
+
+    @property
+    def ca_args(self) -> str:
+        """curl's trust: a self-signed certificate is its own CA; else GLM5_TLS_PROXY_CA or the system store."""
+        ca = self.certificate if self.self_signed else os.environ.get("GLM5_TLS_PROXY_CA", "")
+        return f"--cacert {_shq(ca)}" if ca else ""
+
+    def curl(self, path: str, extra: str = "") -> str:
+        """curl arguments for ``path`` through the proxy, checked against the server name, sent to the
+        proxy's (first) listen address on this host."""
+        host = self.server_name
+        to = f"[{self.address}]" if ":" in self.address else self.address
+        return (f"curl -sS {self.ca_args} --resolve {_shq(f'{host}:{self.port}:{to}')} {extra} "
+                f"{_shq(f'https://{host}:{self.port}{path}')}")
+
+
+def _size(text: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    text = str(text).strip().lower()
+    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+
+
+@pytest.fixture(scope="module")
+def tls_proxy(host: Any) -> TlsProxy:
+    env = os.environ.get("GLM5_TLS_PROXY")
+    unit = host.file("/etc/systemd/system/glm5-tls-proxy.service")
+    enabled = _bool(env) if env is not None else _bool(ansible_var(host, "glm5_tls_proxy", unit.exists))
+    return TlsProxy(
+        enabled=enabled,
+        port=int(os.environ.get("GLM5_TLS_PROXY_PORT") or ansible_var(host, "glm5_tls_proxy_port", 8443)),
+        server_name=str(ansible_var(host, "tls_proxy_server_name", None) or host.backend.get_hostname()),
+        self_signed=ansible_var(host, "tls_proxy_certificate_source", "content") == "self_signed",
+        max_body=_size(ansible_var(host, "tls_proxy_client_max_body_size", "16m")),
+        mask_distro_nginx=_bool(ansible_var(host, "tls_proxy_mask_distro_nginx", True)),
+        address={"0.0.0.0": "127.0.0.1", "::": "::1"}.get(
+            str((ansible_var(host, "tls_proxy_addresses", None) or ["0.0.0.0"])[0]), "127.0.0.1"),
+    )
+
+
+@dataclass(frozen=True)
+class GpuExporter:
+    """The GPU exporter (role gpu_exporter), read from its deployed unit."""
+
+    enabled: bool
+    address: str
+    port: int
+    nvidia_smi: str
+    unit: str = "glm5-gpu-exporter"
+    script: str = "/usr/local/libexec/glm5/glm5_gpu_exporter.py"
+
+    @property
+    def url(self) -> str:
+        host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(self.address, self.address)
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"http://{host}:{self.port}/metrics"
+
+    @property
+    def double(self) -> bool:
+        """It runs fake_nvidia_smi, molecule's test double of nvidia-smi (no GPU there)."""
+        return "fake_nvidia_smi" in self.nvidia_smi
+
+
+@pytest.fixture(scope="module")
+def gpu_exporter(host: Any) -> GpuExporter:
+    env = os.environ.get("GLM5_GPU_EXPORTER")
+    unit = host.file("/etc/systemd/system/glm5-gpu-exporter.service")
+    enabled = _bool(env) if env is not None else _bool(ansible_var(host, "glm5_gpu_exporter", unit.exists))
+    args: dict[str, str] = {}
+    if unit.exists:
+        exec_line = next((ln for ln in unit.content_string.splitlines() if ln.startswith("ExecStart=")), "")
+        words = exec_line.split()
+        args = {w[2:]: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    return GpuExporter(
+        enabled=enabled,
+        address=args.get("listen-address", "0.0.0.0"),
+        port=int(args.get("port", 9835)),
+        nvidia_smi=args.get("nvidia-smi", "/usr/bin/nvidia-smi"),
+    )
