@@ -1,0 +1,79 @@
+"""Post-deploy checks of an offline site (glm5_offline_bundle_dir set): apt installs
+only from the bundle's file: repository, the ml-env's packages are the bundle's, the
+bundle still matches the manifest the inventory trusts. They skip on online hosts.
+
+Environment: GLM5_OFFLINE_BUNDLE_DIR (else the inventory's glm5_offline_bundle_dir);
+GLM5_OFFLINE_EXPECT_NO_NETWORK=1 (molecule scenario offline) also requires that the
+host cannot reach any package index at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+from conftest import ansible_var
+
+ML_ENV = os.environ.get("GLM5_ML_ENV_PATH", "/opt/ml-env")
+INDEXES = ["https://pypi.org/simple/", "http://deb.debian.org/debian/", "https://developer.download.nvidia.com/"]
+
+
+@pytest.fixture(scope="module")
+def bundle(host: Any) -> str:
+    path = os.environ.get("GLM5_OFFLINE_BUNDLE_DIR") or ansible_var(host, "glm5_offline_bundle_dir", "")
+    if not path:
+        pytest.skip("not an offline site (glm5_offline_bundle_dir is empty)")
+    return str(path).rstrip("/")
+
+
+def test_offline_apt_sources_are_the_bundle_only(host: Any, bundle: str) -> None:
+    source = host.file("/etc/apt/sources.list.d/glm5-offline.sources")
+    assert source.exists and f"URIs: file:{bundle}/debs/" in source.content_string
+    policy = host.check_output("apt-cache policy")
+    origins = [line.split()[1] for line in policy.splitlines() if line.strip()[:3].isdigit() and "/var/lib/dpkg/status" not in line]
+    assert origins, policy
+    assert all(o.startswith(f"file:{bundle}/debs") for o in origins), f"apt reads other sources: {sorted(set(origins))}"
+
+
+def test_offline_driver_came_from_the_bundle(host: Any, bundle: str) -> None:
+    branch = ansible_var(host, "glm5_nvidia_driver_branch", "580")
+    name = f"nvidia-open-{branch}"
+    assert host.package(name).is_installed
+    policy = host.check_output(f"apt-cache policy {name}")
+    # The installed version's entry ("*** <version>") lists where it is available from.
+    after = policy.split("***", 1)[1].splitlines()[1:]
+    sources = [line.split()[1] for line in after if line.startswith("        ")]
+    assert any(s.startswith(f"file:{bundle}/debs") for s in sources), policy
+
+
+def test_offline_ml_env_from_the_bundle_wheels(host: Any, bundle: str) -> None:
+    manifest = json.loads(host.file(f"{bundle}/bundle-manifest.json").content_string)
+    lock = host.file(f"{ML_ENV}/glm5-lock.txt").content_string
+    import hashlib
+
+    assert hashlib.sha256(lock.encode()).hexdigest() == manifest["versions"]["lock_sha256"]
+    freeze = host.check_output(f"/opt/glm5-uv/bin/uv pip freeze --offline --python {ML_ENV}/bin/python")
+    wheels = [p for p in manifest["files"] if p.startswith("wheels/")]
+    for line in freeze.splitlines():
+        name, _, version = line.partition("==")
+        stem = f"{name.replace('-', '_').lower()}-{version}-"
+        assert any(w[len("wheels/"):].lower().startswith(stem) for w in wheels), f"{line} is not among the bundle's wheels"
+
+
+def test_offline_bundle_matches_trusted_manifest(host: Any, bundle: str) -> None:
+    expected = ansible_var(host, "glm5_offline_bundle_sha256", "")
+    if not expected:
+        pytest.skip("glm5_offline_bundle_sha256 not readable from the inventory here")
+    got = host.check_output(f"sha256sum {bundle}/bundle-manifest.json").split()[0]
+    assert got == expected
+
+
+def test_offline_host_has_no_route_to_package_indexes(host: Any, bundle: str) -> None:
+    if os.environ.get("GLM5_OFFLINE_EXPECT_NO_NETWORK") != "1":
+        pytest.skip("only where the host is meant to be cut off (GLM5_OFFLINE_EXPECT_NO_NETWORK=1)")
+    for url in INDEXES:
+        probe = host.run(f"python3 -c \"import urllib.request; urllib.request.urlopen('{url}', timeout=5)\"")
+        assert probe.rc != 0, f"{url} is reachable from the offline site"
+    assert "default" not in host.check_output("ip route show")
