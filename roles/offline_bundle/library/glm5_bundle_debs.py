@@ -3,16 +3,18 @@
 
 Runs on the connected builder, which must be the target's distribution release and
 architecture with the same apt sources the target would use (NVIDIA's repository
-included). The full dependency closure is downloaded, not only what the builder
-lacks, so the repository installs on a minimal target; apt on the target takes only
-what it is missing.
+included). The set is resolved as for an empty system, not only what the
+builder lacks, so the repository installs on a minimal target; apt on the target takes
+only what it is missing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import subprocess
+import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -23,14 +25,22 @@ DOCUMENTATION = r"""
 module: glm5_bundle_debs
 short_description: Download packages with their dependency closure into a flat apt repository
 description:
-  - Resolves I(packages) with C(apt-cache depends --recurse) (Depends and Pre-Depends;
-    no Recommends or Suggests), downloads every resolved package that is missing from
-    I(dest) (sha256 checked against apt's index), removes .deb files no longer in the set,
-    and writes C(Packages) and C(Release) (apt-ftparchive) when the set changed.
+  - Resolves I(packages) with apt's own solver as for an empty system (C(apt-get install
+    --print-uris) against an empty dpkg status: every dependency, first alternatives, the
+    builder's pins; no Recommends), downloads every resolved package missing from I(dest)
+    (checked against apt's index), removes .deb files no longer in the set, and writes
+    C(Packages) and C(Release) (apt-ftparchive) when the set changed.
   - A second run with the same apt candidates changes nothing.
 options:
   dest: {description: The repository directory., type: path, required: true}
   packages: {description: Package names to include., type: list, elements: str, required: true}
+  preferences:
+    description:
+      - apt preferences the solver uses instead of the builder's own (the pins the target
+        will have, e.g. role nvidia_driver's branch pin), so the set holds the versions the
+        target's apt will choose.
+    type: str
+    default: ""
 author: glm5-deploy
 """
 
@@ -49,21 +59,8 @@ removed: {description: Stale files removed this run., type: list, returned: alwa
 URI_LINE = re.compile(r"^'(?P<uri>[^']+)' (?P<file>\S+) (?P<size>\d+) (?P<hash>\S+)$")
 
 
-def parse_depends(text: str) -> list[str]:
-    """Real package names from `apt-cache depends --recurse` output: its unindented lines,
-    less virtual packages (<name>)."""
-    names: list[str] = []
-    for line in text.splitlines():
-        if not line or line[0].isspace() or line.startswith("<"):
-            continue
-        name = line.strip()
-        if name not in names:
-            names.append(name)
-    return names
-
-
 def parse_print_uris(text: str) -> dict[str, dict[str, Any]]:
-    """`apt-get download --print-uris` lines -> file name -> uri, size, sha256 (empty if apt gave another algorithm)."""
+    """`apt-get --print-uris` lines -> file name -> uri, size, hash algorithm and digest."""
     out: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         match = URI_LINE.match(line.strip())
@@ -74,13 +71,14 @@ def parse_print_uris(text: str) -> dict[str, dict[str, Any]]:
         out[match["file"]] = {
             "uri": match["uri"],
             "size": int(match["size"]),
-            "sha256": digest.lower() if algo.upper() == "SHA256" else "",
+            "algo": algo.lower().replace("sum", ""),
+            "digest": digest.lower(),
         }
     return out
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+def hash_file(path: Path, algo: str) -> str:
+    digest = hashlib.new(algo)
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
@@ -90,7 +88,9 @@ def sha256_file(path: Path) -> str:
 def is_current(path: Path, want: dict[str, Any]) -> bool:
     if not path.is_file() or path.stat().st_size != want["size"]:
         return False
-    return not want["sha256"] or sha256_file(path) == want["sha256"]
+    if want["algo"] not in {"md5", "sha1", "sha256", "sha512"}:
+        return False
+    return hash_file(path, want["algo"]) == want["digest"]
 
 
 def _run(argv: list[str], cwd: Path | None = None) -> str:
@@ -100,16 +100,22 @@ def _run(argv: list[str], cwd: Path | None = None) -> str:
     return proc.stdout
 
 
-def run(dest: Path, packages: list[str], check_mode: bool) -> dict[str, Any]:
-    depends = _run(
-        ["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
-         "--no-breaks", "--no-replaces", "--no-enhances", *packages]
-    )
-    names = parse_depends(depends)
-    missing_roots = [p for p in packages if p not in names]
-    if missing_roots:
-        raise RuntimeError(f"apt knows no package {', '.join(missing_roots)} (is the builder's apt source for it set up?)")
-    wanted = parse_print_uris(_run(["apt-get", "download", "--print-uris", *names]))
+def run(dest: Path, packages: list[str], preferences: str, check_mode: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="glm5-bundle-debs-") as tmp:
+        scratch = Path(tmp)
+        (scratch / "archives" / "partial").mkdir(parents=True)
+        (scratch / "preferences.d").mkdir()
+        (scratch / "status").write_text("")
+        (scratch / "preferences").write_text(preferences)
+        uris = _run(
+            ["apt-get", "install", "--print-uris", "-qq", "--no-install-recommends",
+             f"-o=Dir::State::status={scratch}/status", f"-o=Dir::Cache::archives={scratch}/archives/",
+             f"-o=Dir::Etc::preferences={scratch}/preferences", f"-o=Dir::Etc::preferencesparts={scratch}/preferences.d",
+             "-o=Debug::NoLocking=1", *packages]
+        )
+    wanted = parse_print_uris(uris)
+    if not wanted:
+        raise RuntimeError(f"apt resolved nothing for {', '.join(packages)}")
     todo = [name for name, want in sorted(wanted.items()) if not is_current(dest / name, want)]
     stale = sorted(p.name for p in dest.glob("*.deb") if p.name not in wanted) if dest.is_dir() else []
     changed = bool(todo or stale) or not (dest / "Packages").is_file() or not (dest / "Release").is_file()
@@ -118,7 +124,8 @@ def run(dest: Path, packages: list[str], check_mode: bool) -> dict[str, Any]:
         return result
     dest.mkdir(parents=True, exist_ok=True)
     partial = dest / ".partial"
-    partial.mkdir(exist_ok=True)
+    shutil.rmtree(partial, ignore_errors=True)  # what an interrupted run left
+    partial.mkdir()
     by_file = {name: want for name, want in wanted.items()}
     if todo:
         # apt-get download wants package names; map each file back to its name=version.
@@ -127,7 +134,7 @@ def run(dest: Path, packages: list[str], check_mode: bool) -> dict[str, Any]:
         for name in todo:
             got = partial / name
             if not is_current(got, by_file[name]):
-                raise RuntimeError(f"{name}: downloaded file does not match apt's index (size or sha256)")
+                raise RuntimeError(f"{name}: downloaded file does not match apt's index (size or hash)")
             got.replace(dest / name)
     partial.rmdir()
     for name in stale:
@@ -153,11 +160,14 @@ def main() -> None:
         argument_spec={
             "dest": {"type": "path", "required": True},
             "packages": {"type": "list", "elements": "str", "required": True},
+            "preferences": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
     try:
-        result = run(Path(module.params["dest"]), module.params["packages"], module.check_mode)
+        result = run(
+            Path(module.params["dest"]), module.params["packages"], module.params["preferences"], module.check_mode
+        )
     except (RuntimeError, OSError, ValueError) as err:
         module.fail_json(msg=str(err))
     module.exit_json(**result)
