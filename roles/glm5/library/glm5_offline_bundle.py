@@ -33,9 +33,12 @@ options:
   state: {description: built or verified., type: str, choices: [built, verified], default: verified}
   versions: {description: Versions recorded in the manifest (built)., type: dict, default: {}}
   manifest_sha256: {description: Expected sha256 of the manifest (verified)., type: str, default: ""}
-  hash_prefixes: {description: Prefixes of the files to hash (verified; "" = all)., type: list, elements: str, default: [""]}
-  size_prefixes: {description: Prefixes of the files whose size only is checked (verified)., type: list, elements: str, default: []}
-  require: {description: Prefixes that must name at least one file (verified)., type: list, elements: str, default: []}
+  hash_prefixes:
+    {description: Prefixes of the files to hash (verified; "" = all)., type: list, elements: str, default: [""]}
+  size_prefixes:
+    {description: Prefixes of the files whose size only is checked (verified)., type: list, elements: str, default: []}
+  require:
+    {description: Prefixes that must name at least one file (verified)., type: list, elements: str, default: []}
 author: glm5-deploy
 """
 
@@ -151,7 +154,9 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     if not root.is_dir():
         raise ValueError(f"offline bundle directory {root} does not exist on this host")
     if not manifest_path.is_file():
-        raise ValueError(f"{manifest_path} is missing: not an offline bundle (build it with playbooks/offline_bundle.yml)")
+        raise ValueError(
+            f"{manifest_path} is missing: not an offline bundle (build it with playbooks/offline_bundle.yml)"
+        )
     raw = manifest_path.read_bytes()
     actual = hashlib.sha256(raw).hexdigest()
     expected = params["manifest_sha256"].strip().lower()
@@ -164,9 +169,7 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     manifest = json.loads(raw)
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{manifest_path}: unknown manifest format {manifest.get('format')!r}")
-    found, checked = problems(
-        root, manifest, params["hash_prefixes"], params["size_prefixes"], params["require"]
-    )
+    found, checked = problems(root, manifest, params["hash_prefixes"], params["size_prefixes"], params["require"])
     if found:
         raise ValueError(f"offline bundle {root} does not match its manifest: " + "; ".join(found))
     files = manifest.get("files", {})

@@ -90,7 +90,7 @@ def is_current(path: Path, want: dict[str, Any]) -> bool:
         return False
     if want["algo"] not in {"md5", "sha1", "sha256", "sha512"}:
         return False
-    return hash_file(path, want["algo"]) == want["digest"]
+    return hash_file(path, want["algo"]) == str(want["digest"])
 
 
 def _run(argv: list[str], cwd: Path | None = None) -> str:
@@ -108,10 +108,19 @@ def run(dest: Path, packages: list[str], preferences: str, check_mode: bool) -> 
         (scratch / "status").write_text("")
         (scratch / "preferences").write_text(preferences)
         uris = _run(
-            ["apt-get", "install", "--print-uris", "-qq", "--no-install-recommends",
-             f"-o=Dir::State::status={scratch}/status", f"-o=Dir::Cache::archives={scratch}/archives/",
-             f"-o=Dir::Etc::preferences={scratch}/preferences", f"-o=Dir::Etc::preferencesparts={scratch}/preferences.d",
-             "-o=Debug::NoLocking=1", *packages]
+            [
+                "apt-get",
+                "install",
+                "--print-uris",
+                "-qq",
+                "--no-install-recommends",
+                f"-o=Dir::State::status={scratch}/status",
+                f"-o=Dir::Cache::archives={scratch}/archives/",
+                f"-o=Dir::Etc::preferences={scratch}/preferences",
+                f"-o=Dir::Etc::preferencesparts={scratch}/preferences.d",
+                "-o=Debug::NoLocking=1",
+                *packages,
+            ]
         )
     wanted = parse_print_uris(uris)
     if not wanted:
