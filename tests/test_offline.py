@@ -4,7 +4,9 @@ bundle still matches the manifest the inventory trusts. They skip on online host
 
 Environment: GLM5_OFFLINE_BUNDLE_DIR (else the inventory's glm5_offline_bundle_dir);
 GLM5_OFFLINE_EXPECT_NO_NETWORK=1 (molecule scenario offline) also requires that the
-host cannot reach any package index at all.
+host cannot reach any package index at all: the indexes tried are GLM5_OFFLINE_PROBE_URLS
+(space-separated), else the host's own: every non-file URI in its apt source files (disabled
+ones included) and pip's default index, as the pip of the uv tool venv names it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from conftest import ansible_var
 
 ML_ENV = os.environ.get("GLM5_ML_ENV_PATH", "/opt/ml-env")
-INDEXES = ["https://pypi.org/simple/", "http://deb.debian.org/debian/", "https://developer.download.nvidia.com/"]
+UV_VENV = os.environ.get("GLM5_UV_VENV", "/opt/glm5-uv")
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +85,24 @@ def test_offline_bundle_matches_its_manifest(host: Any, bundle: str) -> None:
         assert host.check_output(f"sha256sum {bundle}/bundle-manifest.json").split()[0] == expected
 
 
+def _probe_urls(host: Any) -> list[str]:
+    if os.environ.get("GLM5_OFFLINE_PROBE_URLS"):
+        return os.environ["GLM5_OFFLINE_PROBE_URLS"].split()
+    apt = host.run(
+        "cat /etc/apt/sources.list* /etc/apt/sources.list.d/* /etc/apt/*.disabled 2>/dev/null"
+        " | grep -oE '(https?|ftp)://[^ ]+' | sort -u"
+    ).stdout.split()
+    pip = host.run(f"{UV_VENV}/bin/python -c 'from pip._internal.models.index import PyPI; print(PyPI.simple_url)'")
+    return apt + ([pip.stdout.strip()] if pip.rc == 0 and pip.stdout.strip() else [])
+
+
 def test_offline_host_has_no_route_to_package_indexes(host: Any, bundle: str) -> None:
     if os.environ.get("GLM5_OFFLINE_EXPECT_NO_NETWORK") != "1":
         pytest.skip("only where the host is meant to be cut off (GLM5_OFFLINE_EXPECT_NO_NETWORK=1)")
-    for url in INDEXES:
+    urls = _probe_urls(host)
+    assert urls, "no package index URL found to probe"
+    for url in urls:
         probe = host.run(f"python3 -c \"import urllib.request; urllib.request.urlopen('{url}', timeout=5)\"")
         assert probe.rc != 0, f"{url} is reachable from the offline site"
     assert "default" not in host.check_output("ip route show")
+    assert host.check_output("ls /sys/class/net").split() == ["lo"]
