@@ -68,6 +68,19 @@ def _message(event) -> str:
             id="ram-too-small",
         ),
         pytest.param(
+            {"glm5_gpu_required": False, "glm5_offline_bundle_dir": "/srv/glm5-offline-bundle"},
+            "Refuse the host when a preflight check failed",
+            "Offline mode needs glm5_offline_bundle_sha256",
+            id="offline-without-sha256",
+        ),
+        pytest.param(
+            {"glm5_gpu_required": False, "glm5_offline_bundle_dir": "/srv/no-such-bundle",
+             "glm5_offline_bundle_sha256": "0" * 64},
+            "Refuse the host when a preflight check failed",
+            "offline bundle directory /srv/no-such-bundle does not exist on this host",
+            id="offline-bundle-missing",
+        ),
+        pytest.param(
             {"glm5_tensor_parallel_size": "eight"},
             "Validating arguments against arg spec 'main'",
             "glm5_tensor_parallel_size",
