@@ -1,8 +1,9 @@
 """The funnel on the team's llama.cpp-converted and -quantized tiny GLM-5 (when built).
 
 Real names (safetensors headers) against a real llama.cpp GGUF: every CPU stage passes,
-a mis-sharded kv_b_proj on the real attn_k_b/attn_v_b is caught by stage 3, and stage 4
-refuses a tensor-parallel size whose row splits fall inside quantization blocks.
+at TP 1 and at the deployed TP 8, a mis-sharded kv_b_proj on the real attn_k_b/attn_v_b
+is caught by stage 3, and stage 4 refuses a tensor-parallel size whose row splits fall
+inside quantization blocks.
 """
 
 from __future__ import annotations
@@ -44,12 +45,35 @@ def test_cpu_stages_pass_on_llama_cpp_gguf(fixture_model):
 
 
 def test_layers_refuse_tp_splitting_inside_blocks(fixture_model):
-    """The tiny model's down projections have 256 inputs, one Q6_K block: at TP 8 vLLM's
-    GGUF loader would cut rows inside it (GLM-5's split on whole blocks)."""
+    """At TP 16 the dense down projection's 2048 inputs are 128 per rank, half a Q6_K
+    block: vLLM's GGUF loader would cut rows inside it, and the stage says so."""
     cfg, tensors, _ = fixture_model
-    r4 = stage_layers.run_stage(tensors, cfg, 8, layers=[1])
+    r4 = stage_layers.run_stage(tensors, cfg, 16, layers=[0])
     assert r4.verdict is Verdict.FAIL
     assert any("down_proj" in d and "inside Q6_K's 256-value blocks" in d for d in r4.details), r4.details
+
+
+def test_tp8_funnel_passes_on_the_fixture(fixture_model, tmp_path: Path):
+    """The command docs/validation/diagnostics.md records, at TP 8 on the CPU (issue 14
+    item 3: with the old fixture, whose down projections split inside K-quant blocks at
+    TP 8, stage 4 failed). Stages 1-5 must pass, stage 4 over every rank of the first
+    dense, first MoE and last layer, including the merged layers with a BF16 shard
+    beside a quantized one (patch 0010)."""
+    from glm5_tools.diagnostics import cli
+
+    cfg, _, _ = fixture_model
+    report = tmp_path / "tp8.json"
+    rc = cli.main(["--gguf", str(GGUF), "--hf-config", str(FIXTURE / "hf"), "--tp", "8",
+                   "--device", "cpu", "--stages", "1,2,3,4,5", "--json", str(report)])
+    data = json.loads(report.read_text())
+    stages = {s["stage"]: s for s in data["stages"]}
+    assert rc == 0 and sorted(stages) == [1, 2, 3, 4, 5], data
+    assert all(s["verdict"] == "pass" for s in stages.values()), data
+    layers = stages[4]["details"]
+    assert any("gate_up_proj" in d and "BF16+" in d and "8 rank(s)" in d for d in layers), layers
+    assert any("fused_qkv_a_proj" in d and "BF16" in d for d in layers), layers
+    assert any(f"blk.{cfg['first_k_dense_replace']} shared_experts.down_proj" in d and "8 rank(s)" in d
+               for d in layers), layers
 
 
 def test_mis_sharded_kv_b_on_real_k_b_v_b(fixture_model):

@@ -104,6 +104,13 @@ def _kernel(matmul: MatMul | None) -> Iterator[None]:
         vllm_gguf.fused_mul_mat_gguf = saved
 
 
+def _vllm_dequantizes_mixed_merged() -> bool:
+    """Whether the vLLM in use has patch 0010 (mixed float/quantized merged layers)."""
+    from vllm.model_executor.model_loader import weight_utils
+
+    return hasattr(weight_utils, "_gguf_mixed_merged")
+
+
 def _build(spec: Spec, rank: int, tp: int) -> torch.nn.Module:
     """The layer as the model builds it, loaded as the loader loads it."""
     from vllm.model_executor.layers.linear import (
@@ -116,6 +123,14 @@ def _build(spec: Spec, rank: int, tp: int) -> torch.nn.Module:
     rows = [p[0].shape[0] for p in sorted(spec.parts, key=lambda p: p[1] or 0)]
     in_f = spec.parts[0][0].shape[1]
     floats = all(t.qtype in FLOAT_TYPES for t, _ in spec.parts)
+    if not floats and any(t.qtype in FLOAT_TYPES for t, _ in spec.parts):
+        # A merged layer with float and quantized shards: the loader builds it as
+        # the patched vLLM does (0010: every shard dequantized, the layer unquantized),
+        # or says that this vLLM refuses it.
+        if not _vllm_dequantizes_mixed_merged():
+            raise ValueError("float and quantized shards in one merged layer: vLLM 0.20.2 refuses it "
+                             "('Detected some but not all shards ... are quantized'; patch 0010)")
+        floats = True
     prefix = f"diagnose.{spec.label.split()[1]}"
     config = GGUFConfig(unquantized_modules=[prefix] if floats else [])
     with _tp_as(rank, tp):
