@@ -87,6 +87,7 @@ NOT_READ_KEYS: dict[str, str] = {
     "transformers_version": "metadata",
     "use_cache": "Hugging Face generate only",
     "bos_token_id": "tokenizer side",
+    "num_key_value_heads": "read only by DeepseekV2Attention (the non-MLA path); MLA has one latent KV",
 }
 
 
@@ -142,14 +143,13 @@ def test_shipped_form_has_no_top_level_rope_theta() -> None:
 
 
 def test_shipped_rope_base_reaches_the_rotary_embeddings(shipped_tiny: Path) -> None:
-    """Failed before 0008: every base was 10000.0 (MLA and indexer, dense and sparse)."""
-    site = patched_site()
-    for mode, n_ropes in (("dense", 1), ("sparse", 2)):
-        got = probe(site, shipped_tiny, mode)
-        assert got["hf"]["rope_parameters"]["rope_theta"] == SHIPPED_THETA, mode
-        assert len(got["ropes"]) == n_ropes * got["num_layers"], mode
-        bases = {r["built_base"] for r in got["ropes"]}
-        assert bases == {float(SHIPPED_THETA)}, (mode, bases)
+    """Failed before 0008: every base was 10000.0. Sparse mode builds both the MLA
+    attention's and the DSA indexer's rotary embedding in every layer."""
+    got = probe(patched_site(), shipped_tiny, "sparse")
+    assert got["hf"]["rope_parameters"]["rope_theta"] == SHIPPED_THETA
+    assert len(got["ropes"]) == 2 * got["num_layers"]
+    bases = {r["built_base"] for r in got["ropes"]}
+    assert bases == {float(SHIPPED_THETA)}, bases
 
 
 def test_without_0008_the_rope_base_is_10000(tmp_path: Path, shipped_tiny: Path) -> None:
@@ -170,6 +170,7 @@ CONFIG_ONLY = (
     "        out[d] = {'rope_parameters': c.rope_parameters,\n"
     "                  'attrs': {k: v for k, v in vars(c).items()\n"
     "                            if isinstance(v, (int, float, str, bool, list, dict, type(None)))}}\n"
+    "        out[d]['attrs']['dtype'] = str(c.torch_dtype).removeprefix('torch.')\n"
     "    except Exception as exc:\n"
     "        out[d] = {'error': f'{type(exc).__name__}: {exc}'}\n"
     "print('CONFIG-JSON ' + json.dumps(out, default=str))\n"
@@ -225,8 +226,6 @@ def _changed(key: str, value: Any) -> Any:
 
 
 def _seen(attrs: dict[str, Any], key: str) -> Any:
-    if key == "dtype":
-        return str(attrs.get("torch_dtype", attrs.get("dtype"))).removeprefix("torch.")
     return attrs.get(key)
 
 
