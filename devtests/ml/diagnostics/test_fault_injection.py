@@ -1,8 +1,9 @@
 """Fault injection on a tiny synthetic glm-dsa GGUF: the funnel names the stage at fault.
 
 CPU only (CI): stage 1 runs the independent torch dequantizer, stage 2 the loader's name
-map, stage 3 vLLM's real linear weight loaders, stage 4 vLLM's GGUF layers (patched, as
-deployed; gguf-py in place of the matmul kernel), stage 5 the absorbed-vs-expanded
+map, stage 3 vLLM's real linear weight loaders, stage 4 vLLM's GGUF layers and FusedMoE
+(patched, as deployed; gguf-py in place of the kernels; 16 routed experts, past the
+"10" before "2" of a string sort), stage 5 the absorbed-vs-expanded
 PyTorch MLA. The GPU variants (vLLM's kernels) are recorded in docs/validation/.
 """
 
@@ -44,7 +45,7 @@ CFG = {
     "index_n_heads": 2,
     "index_head_dim": 64,
     "index_topk": 16,
-    "n_routed_experts": 4,
+    "n_routed_experts": 16,
     "n_shared_experts": 1,
     "vocab_size": 256,
     "tie_word_embeddings": False,
@@ -135,31 +136,111 @@ def test_mis_sharded_kv_b_proj_is_stage_3(model):
     assert any("kv_b_proj" in d and "rank" in d for d in results[2].details)
 
 
-def test_merged_shards_in_load_order_is_stage_4(model, tmp_path: Path):
-    """vLLM without patch 0007: fused_qkv_a_proj's shards come out in the file's order
-    ([kv_a, q_a]), the fault behind the garbage answers (docs/validation/e2e_serving.md).
-    Run in a fresh interpreter on an overlay of vLLM lacking 0007."""
+FAULTS = Path(__file__).resolve().parent / "faults"
+
+
+def stage_4_on_overlay(tmp_path: Path, applied: list[Path], layers: list[int] | None = None) -> dict:
+    """Stage 4 on the module's synthetic model, in a fresh interpreter whose vLLM is an
+    overlay with the given patches (a fault vLLM cannot have in this one)."""
     import overlay
 
-    site = overlay.make_overlay(tmp_path / "site", [p for p in overlay.patches() if not p.name.startswith("0007-")])
+    site = overlay.make_overlay(tmp_path / "site", applied)
     gguf_path = next(tmp_path.parent.glob("tiny*/tiny-glm-dsa.gguf"))
     code = (
         "import json, sys\n"
         "from glm5_tools.diagnostics import stage_layers\n"
         "from glm5_tools.diagnostics.gguf_io import read_tensors\n"
         "tensors, _ = read_tensors(__import__('pathlib').Path(sys.argv[1]))\n"
-        "r = stage_layers.run_stage(tensors, json.loads(sys.argv[2]), int(sys.argv[3]))\n"
+        "r = stage_layers.run_stage(tensors, json.loads(sys.argv[2]), int(sys.argv[3]),\n"
+        "                           layers=json.loads(sys.argv[4]))\n"
         "print('GLM5-REPORT ' + json.dumps(r.to_dict()))\n"
     )
     env_path = str(Path(__file__).resolve().parents[3] / "src")
     proc = overlay.run_in(site, f"import sys; sys.path.insert(0, {env_path!r})\n" + code,
-                          str(gguf_path), json.dumps(CFG), str(TP))
+                          str(gguf_path), json.dumps(CFG), str(TP), json.dumps(layers))
     lines = [x for x in proc.stdout.splitlines() if x.startswith("GLM5-REPORT ")]
     assert lines, proc.stderr[-3000:]
-    report = json.loads(lines[0].removeprefix("GLM5-REPORT "))
+    report: dict = json.loads(lines[0].removeprefix("GLM5-REPORT "))
+    print("\n".join(report["details"]))
+    return report
+
+
+def test_merged_shards_in_load_order_is_stage_4(model, tmp_path: Path):
+    """vLLM without patch 0007: fused_qkv_a_proj's shards come out in the file's order
+    ([kv_a, q_a]), the fault behind the garbage answers (docs/validation/e2e_serving.md).
+    Run in a fresh interpreter on an overlay of vLLM lacking 0007."""
+    import overlay
+
+    report = stage_4_on_overlay(tmp_path, [p for p in overlay.patches() if not p.name.startswith("0007-")])
     assert report["verdict"] == "fail" and report["stage"] == 4
     bad = [d for d in report["details"] if " batch " in d and "rel err" in d]
     assert bad and all("fused_qkv_a_proj" in d for d in bad), report["details"]
+
+
+def test_routed_experts_of_the_synthetic_model_pass_on_every_rank(model):
+    """The routed-expert part of stage 4 runs, on every rank, with more than 10 experts
+    (an ordering fault that sorts "10" before "2" needs them)."""
+    tensors, _ = model
+    assert CFG["n_routed_experts"] > 10
+    result = stage_layers.run_stage(tensors, CFG, TP, layers=[1])
+    assert result.verdict is Verdict.PASS, result.details
+    line = next(d for d in result.details if "mlp.experts" in d)
+    assert f"{CFG['n_routed_experts']} experts" in line and f"{TP} rank(s)" in line, line
+    assert "weights max rel err 0.000e+00" in line, line
+
+
+def test_experts_one_slot_off_is_stage_4(model, tmp_path: Path):
+    """Issue 14 item 2: FusedMoE's weight loader putting every merged expert one slot on
+    (faults/moe-experts-one-slot-off.patch) passed devtests/ml/patches, this suite and
+    stages 1-5 before the routed-expert check; it fails stage 4 and names the slots."""
+    import overlay
+
+    report = stage_4_on_overlay(tmp_path, [*overlay.patches(), FAULTS / "moe-experts-one-slot-off.patch"],
+                                layers=[1])
+    assert report["verdict"] == "fail" and report["stage"] == 4
+    details = report["details"]
+    for rank in range(TP):
+        assert f"blk.1 mlp.experts rank {rank}: w13 slot 1 holds expert 0" in details, details
+        assert f"blk.1 mlp.experts rank {rank}: w2 slot 0 holds expert {CFG['n_routed_experts'] - 1}" in details
+    assert any("mlp.experts" in d and "output rel err" in d for d in details), details
+    linear = [d for d in details if " batch " in d and "rel err" in d]
+    assert linear == [], linear
+
+
+def test_experts_w1_w3_swapped_is_stage_4(model, tmp_path: Path):
+    """FusedMoE's weight loader taking gate (w1) for up (w3) and back
+    (faults/moe-w1-w3-swapped.patch): stage 4 fails on the routed experts."""
+    import overlay
+
+    report = stage_4_on_overlay(tmp_path, [*overlay.patches(), FAULTS / "moe-w1-w3-swapped.patch"],
+                                layers=[1])
+    assert report["verdict"] == "fail" and report["stage"] == 4
+    details = report["details"]
+    for rank in range(TP):
+        assert f"blk.1 mlp.experts rank {rank}: w13: gate (w1) and up (w3) swapped in every expert" in details
+    assert any("mlp.experts" in d and "output rel err" in d for d in details), details
+
+
+def test_expert_slots_in_string_order_are_named(model):
+    """Experts loaded in the order of their names as strings (0, 1, 10, 11, ..., 2): the
+    check names the slot and the expert it holds (with 16 experts, slot 2 holds 10)."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+    from glm5_tools.diagnostics import stage_experts
+
+    tensors, _ = model
+    (spec,) = stage_experts.moe_specs(tensors, [1])
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        layer = stage_experts.build_layer(spec, 1, TP)
+    err, problems = stage_experts.check_weights(layer, spec, 1, TP)
+    assert err == 0.0 and problems == []
+    string_order = sorted(range(spec.experts), key=str)
+    for param in (layer.w13_qweight, layer.w2_qweight):
+        param.data.copy_(param.data[string_order].clone())
+    err, problems = stage_experts.check_weights(layer, spec, 1, TP)
+    assert err > 0
+    assert "w13 slot 2 holds expert 10" in problems and "w2 slot 2 holds expert 10" in problems, problems
+    assert "w13 slot 1 holds expert 1" not in problems
 
 
 def test_wrong_softmax_scale_is_stage_5(model):

@@ -1,4 +1,4 @@
-"""Stage 4: the GGUF linear layers as vLLM assembles them, against the dequantized weights.
+"""Stage 4: the GGUF linear and MoE layers as vLLM assembles them, against the dequantized weights.
 
 Stage 3 checks each tensor's slice; this stage checks the layers the model really runs.
 The attention and MLP projections of the first, first-MoE and last layer are built with
@@ -14,8 +14,13 @@ a row split inside a quantization block, or a wrong GGUF matmul kernel fails her
 On a GPU the matmul is vLLM's GGUF kernel (ggml_mul_mat_vec_a8 for small batches,
 ggml_mul_mat_a8 for larger ones). Without one (CI) gguf-py's dequantization and a float32
 matmul stand in for the kernel; the assembly (loaders, shard order, padding) is still
-vLLM's, and the `where` column says which ran. The routed experts (GGUF MoE kernels) are
-not covered here: the end-to-end stage and docs/validation/e2e_serving.md cover them.
+vLLM's, and the `where` column says which ran.
+
+The routed experts of the same layers are checked here too (stage_experts): vLLM's real
+FusedMoE with the GGUF MoE method, loaded through its weight_loader with expert and shard
+ids as the GGUF loader feeds the merged ffn_{gate,up,down}_exps tensors, for every rank,
+expert by expert against the file, and the MoE output for a routing that picks known
+experts (vLLM's GGUF MoE kernels on a GPU; on the CPU a gguf-py stand-in).
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from glm5_tools.diagnostics import stage_experts
 from glm5_tools.diagnostics.gguf_io import GGUFTensor, block_info, dequantize_full
 from glm5_tools.diagnostics.result import StageResult
 from glm5_tools.diagnostics.stage_sharding import _tp_as, pick_layers
 
 STAGE = 4
-NAME = "gguf linear layers"
+NAME = "gguf linear and moe layers"
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 # max |layer(x) - x @ W^T| / max |x @ W^T|, per layer, rank and batch size.
 # CPU: the same float32 products summed in another order (measured < 1e-6).
@@ -203,18 +209,22 @@ def run_stage(
     device: str = "cpu",
     matmul: MatMul | None = None,
     layers: list[int] | None = None,
+    moe_kernel: stage_experts.MoEKernel | None = None,
 ) -> StageResult:
     """matmul: the GGUF matmul under test (None: vLLM's own kernel, on a GPU; on the CPU,
-    cpu_reference_matmul stands in for it)."""
+    cpu_reference_matmul stands in for it); moe_kernel likewise for the routed experts
+    (stage_experts.cpu_reference_moe on the CPU)."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
     on_gpu = device != "cpu"
     if matmul is None and not on_gpu:
         matmul = cpu_reference_matmul
+    if moe_kernel is None and not on_gpu:
+        moe_kernel = stage_experts.cpu_reference_moe
     layers = layers if layers is not None else pick_layers(
         int(cfg["num_hidden_layers"]), int(cfg.get("first_k_dense_replace", 0)))
     specs = layer_specs(tensors, cfg, layers)
-    if not specs:
+    if not specs and not stage_experts.moe_specs(tensors, layers):
         return StageResult.skip(STAGE, NAME, "no linear layer of the model found in the GGUF")
     tolerance = TOLERANCE_GPU if on_gpu else TOLERANCE_CPU
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -262,9 +272,18 @@ def run_stage(
             types = "+".join(t.type_name for t, _ in spec.parts)
             checked.append(f"{spec.label} ({types}, {spec.kind}, {len(ranks)} rank(s)): "
                            f"max rel err {label_worst:.3e}")
-    where = ("gpu: vLLM GGUF layers and matmul kernels" if on_gpu
-             else "cpu: vLLM GGUF layer assembly, gguf-py in place of the matmul kernel")
-    details = [f"tp {tp}, layers {layers}, batches {list(BATCHES)}: {len(specs)} layers"]
+        with stage_experts.moe_kernel(moe_kernel):
+            w_err, out_err, moe_problems, moe_checked, n_moe = stage_experts.check_experts(
+                tensors, layers, tp, device, moe_kernel, gen)
+    problems.extend(moe_problems)
+    checked.extend(moe_checked)
+    worst = max(worst, out_err, w_err) if not math.isnan(out_err) else out_err
+    if w_err > stage_experts.TOLERANCE_WEIGHTS and worst <= tolerance:
+        worst = math.inf  # an expert's weights not the file's fail whatever the outputs say
+    where = ("gpu: vLLM GGUF layers, FusedMoE and their kernels" if on_gpu
+             else "cpu: vLLM GGUF layer and FusedMoE assembly, gguf-py in place of the kernels")
+    details = [f"tp {tp}, layers {layers}, batches {list(BATCHES)}: {len(specs)} layers, "
+               f"{n_moe} routed-expert layers (tokens {list(stage_experts.TOKENS)})"]
     details.extend(problems[:30])
     details.extend(checked)
     return StageResult.judge(STAGE, NAME, worst, tolerance, where, details)

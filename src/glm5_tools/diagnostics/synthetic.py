@@ -5,7 +5,9 @@ llama.cpp's converter lays out GLM-5: per-expert weights merged into *_exps, kv_
 split into attn_k_b (each head's k block transposed) and attn_v_b. Quantized types are
 filled with random blocks whose scales are valid halves, so every GGML layout UD-Q4_K_XL
 uses (Q4_K, Q5_K, Q6_K, Q8_0) is present; row-parallel tensors get a K-quant only where
-their input dimension splits into whole blocks up to TP 8 (else Q8_0), as GLM-5's do.
+their input dimension splits into whole blocks up to TP 8 (else Q8_0), as GLM-5's do;
+a layer's gate and up experts share one type. The expert count is the config's
+n_routed_experts (the funnel's tests use 16, past the "10" before "2" of a string sort).
 Not a model that says anything: the llama.cpp fixture (glm5_tools.fixtures) is that.
 """
 
@@ -77,8 +79,15 @@ def write_gguf(cfg: dict[str, Any], path: Path, seed: int = 0) -> Path:
     w.add_block_count(int(cfg["num_hidden_layers"]))
     w.add_embedding_length(int(cfg["hidden_size"]))
     w.add_head_count(int(cfg["num_attention_heads"]))
-    for i, (name, shape) in enumerate(sorted(gguf_layout(cfg).items())):
-        qt = _qtype_for(name, shape, i)
+    layout = sorted(gguf_layout(cfg).items())
+    qtypes = {name: _qtype_for(name, shape, i) for i, (name, shape) in enumerate(layout)}
+    for name in qtypes:
+        # vLLM's GGUF MoE kernels take one type for gate and up (w13), as llama.cpp's
+        # quantizations give them (patch 0007 refuses a pair of two types)
+        if name.endswith(".ffn_up_exps.weight"):
+            qtypes[name] = qtypes[name.replace(".ffn_up_exps.", ".ffn_gate_exps.")]
+    for name, shape in layout:
+        qt = qtypes[name]
         if qt == F32:
             w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
         else:
