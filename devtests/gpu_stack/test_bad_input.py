@@ -72,7 +72,7 @@ def test_branch_590_refused_for_its_unversioned_package_names(tmp_path):
     Failed first: 590 was in the known branches and passed validation (rc 0)."""
     res = run(tmp_path, "-e", "glm5_nvidia_driver_branch=590")
     assert res.returncode != 0, res.stdout
-    assert "driver branch '590' names its packages without the branch" in res.stdout
+    assert "driver branch '590' (valid: 570, 575, 580): from 590 on, NVIDIA names its packages without" in res.stdout
     assert "nvidia-driver-pinning-590" in res.stdout
     assert "changed=" not in res.stdout.split("PLAY RECAP")[0]
 
