@@ -8,6 +8,7 @@ GLM5_MIN_CC to check other values than the defaults (8 GPUs, 580, 13.0, 12.0).
 import csv
 import io
 import os
+import re
 
 import pytest
 
@@ -91,13 +92,28 @@ def test_driver_and_toolkit_held(apt_host):
     assert f"nvidia-open-{BRANCH}" in held or f"cuda-drivers-{BRANCH}" in held
     assert f"libnvidia-compute-{BRANCH}" in held
     assert f"cuda-toolkit-{CUDA.replace('.', '-')}" in held
+    assert f"nvidia-driver-pinning-{BRANCH}" in held
 
 
-def test_branch_pinned(apt_host):
-    pref = apt_host.file("/etc/apt/preferences.d/nvidia-driver-pin.pref").content_string
-    assert f"Pin: version {BRANCH}." in pref
+def test_branch_pinned_by_nvidias_pinning_package(apt_host):
+    """Issue 14 item 7: the branch comes from NVIDIA's nvidia-driver-pinning-<branch>
+    (here its fake_nvidia_repo double), installed before the driver; the repository's
+    nvidia-persistenced of the newer branch 590 is not taken."""
+    status = apt_host.check_output(f"dpkg-query -W -f='${{db:Status-Status}}' nvidia-driver-pinning-{BRANCH}")
+    assert status == "installed"
     version = apt_host.check_output("dpkg-query -W -f='${Version}' nvidia-persistenced")
     assert version.startswith(f"{BRANCH}."), version
+
+
+def test_own_pin_names_nvidias_origin_only(apt_host):
+    """Issue 14 item 7: the role's own preferences no longer pin a version glob for every
+    origin; they name NVIDIA's repository (Origin NVIDIA, Label NVIDIA CUDA), and apt
+    applies them to its packages of the branch."""
+    pref = apt_host.file("/etc/apt/preferences.d/nvidia-driver-pin.pref").content_string
+    pins = [line for line in pref.splitlines() if line.startswith("Pin:")]
+    assert pins == ["Pin: release o=NVIDIA, l=NVIDIA CUDA"], pins
+    policy = apt_host.check_output(f"apt-cache policy libnvidia-compute-{BRANCH}")
+    assert re.search(rf"^ +(\*\*\* )?{BRANCH}\.\S+ 600$", policy, re.M), policy
 
 
 def test_unattended_upgrades_excluded(apt_host):

@@ -62,7 +62,19 @@ def test_defaults_pass(tmp_path):
 def test_unknown_branch_refused_naming_choices(tmp_path):
     res = run(tmp_path, "-e", "glm5_nvidia_driver_branch=999")
     assert res.returncode != 0
-    assert "driver branch '999' (valid: 570, 575, 580, 590)" in res.stdout
+    assert "driver branch '999' (valid: 570, 575, 580)" in res.stdout
+
+
+def test_branch_590_refused_for_its_unversioned_package_names(tmp_path):
+    """Issue 14 item 7: from 590 NVIDIA drops the branch from the package names
+    (nvidia-open, libnvidia-compute, nvidia-dkms-open) and selects the branch only with
+    nvidia-driver-pinning-590; the role's per-branch names and holds do not exist there.
+    Failed first: 590 was in the known branches and passed validation (rc 0)."""
+    res = run(tmp_path, "-e", "glm5_nvidia_driver_branch=590")
+    assert res.returncode != 0, res.stdout
+    assert "driver branch '590' (valid: 570, 575, 580): from 590 on, NVIDIA names its packages without" in res.stdout
+    assert "nvidia-driver-pinning-590" in res.stdout
+    assert "changed=" not in res.stdout.split("PLAY RECAP")[0]
 
 
 def test_cuda_the_branch_cannot_run_refused_naming_three_versions(tmp_path):

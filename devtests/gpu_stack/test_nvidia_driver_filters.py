@@ -137,3 +137,47 @@ def test_kernel_flavour(drv):
 def test_filter_module_lists_all(drv):
     names = set(drv.FilterModule().filters())
     assert {"nvidia_smi_csv", "nvidia_loaded_driver_version", "dkms_missing_kernels"} <= names
+
+
+# dpkg-query -W -f='${Package} ${db:Status-Status}\n' on an Ubuntu host of the
+# Secure Boot path after a kernel upgrade (6.8.0-50 installed, its signed module not).
+DPKG_UPGRADED = (
+    "linux-generic installed\n"
+    "linux-image-generic installed\n"
+    "linux-headers-generic installed\n"
+    "linux-image-6.8.0-45-generic installed\n"
+    "linux-image-6.8.0-50-generic installed\n"
+    "linux-modules-nvidia-580-open-generic installed\n"
+    "linux-modules-nvidia-580-open-6.8.0-45-generic installed\n"
+    "linux-modules-nvidia-580-open-6.8.0-50-generic config-files\n"
+    "nvidia-utils-580 installed\n"
+    "nvidia-headless-no-dkms-580-open installed\n"
+    "libc6 installed\n"
+)
+
+
+def test_precompiled_missing_kernels(drv):
+    """Issue 14 item 6: a kernel in /boot without Ubuntu's signed module package for it
+    boots without a GPU. Failed first: the filter did not exist (AttributeError)."""
+    kernels = ["6.8.0-45-generic", "6.8.0-50-generic"]
+    assert drv.precompiled_missing_kernels(DPKG_UPGRADED, kernels, "580") == ["6.8.0-50-generic"]
+    fine = DPKG_UPGRADED.replace("6.8.0-50-generic config-files", "6.8.0-50-generic installed")
+    assert drv.precompiled_missing_kernels(fine, kernels, "580") == []
+    assert drv.precompiled_missing_kernels(fine, kernels, "575") == kernels
+
+
+def test_driver_hold_list_holds_kernel_meta_packages_with_the_signed_modules(drv):
+    """Issue 14 item 6: on the Secure Boot path the kernel meta packages are held with the
+    signed modules, so that no kernel arrives without its module. Failed first: only the
+    driver name patterns were held (the filter did not exist)."""
+    patterns = ["^nvidia-", "^libnvidia-", "^linux-modules-nvidia-"]
+    metas = ["linux-generic", "linux-image-generic", "linux-headers-generic", "linux-hwe-24.04"]
+    held = drv.driver_hold_list(DPKG_UPGRADED, patterns, metas)
+    assert {"linux-generic", "linux-image-generic", "linux-headers-generic"} <= set(held)
+    assert "linux-hwe-24.04" not in held  # not installed: nothing to hold
+    assert "linux-modules-nvidia-580-open-generic" in held
+    assert "nvidia-utils-580" in held
+    assert "libc6" not in held and "linux-image-6.8.0-45-generic" not in held
+    assert "linux-modules-nvidia-580-open-6.8.0-50-generic" not in held  # config-files only
+    assert held == sorted(set(held))
+    assert "linux-generic" not in drv.driver_hold_list(DPKG_UPGRADED, patterns, [])

@@ -151,6 +151,37 @@ def kernel_flavour(release: str) -> str:
     return match.group(1)
 
 
+def _installed(dpkg_status: str) -> list[str]:
+    """Names of the packages `dpkg-query -W -f='${Package} ${db:Status-Status}\\n'` shows installed."""
+    names: list[str] = []
+    for line in dpkg_status.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == "installed":
+            names.append(parts[0])
+    return names
+
+
+def precompiled_missing_kernels(dpkg_status: str, kernels: list[str], branch: str) -> list[str]:
+    """The kernels in `kernels` without Ubuntu's signed open module package for `branch`.
+
+    Ubuntu ships the pre-signed module of each kernel ABI as
+    linux-modules-nvidia-<branch>-open-<kernel release>; a kernel without it boots
+    with no nvidia module under Secure Boot.
+    """
+    installed = set(_installed(dpkg_status))
+    return [k for k in kernels if f"linux-modules-nvidia-{branch}-open-{k}" not in installed]
+
+
+def driver_hold_list(dpkg_status: str, patterns: list[str], extra: list[str]) -> list[str]:
+    """The installed packages to hold: those matching one of `patterns` (regular
+    expressions) and those named in `extra` (e.g. the kernel meta packages), sorted."""
+    regex = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+    wanted = set(extra)
+    return sorted(
+        {name for name in _installed(dpkg_status) if name in wanted or (regex is not None and regex.match(name))}
+    )
+
+
 class FilterModule:
     """Ansible entry point."""
 
@@ -164,4 +195,6 @@ class FilterModule:
             "nvidia_nvswitch_count": nvidia_nvswitch_count,
             "dkms_missing_kernels": dkms_missing_kernels,
             "kernel_flavour": kernel_flavour,
+            "precompiled_missing_kernels": precompiled_missing_kernels,
+            "driver_hold_list": driver_hold_list,
         }
