@@ -175,6 +175,6 @@ def test_parsed_max_model_len_above_index_topk(checker, tmp_path, capsys, allow,
 
 
 def test_unguarded_extra_args_accepted(checker, tmp_path, capsys):
-    rc, out, err = checker(_render_args(tmp_path, vllm_service_extra_args=["--enable-prefix-caching",
+    rc, _out, err = checker(_render_args(tmp_path, vllm_service_extra_args=["--enable-prefix-caching",
                                                                            "--max-num-seqs", "16"]), capsys)
     assert rc == 0, err
