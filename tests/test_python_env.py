@@ -57,6 +57,18 @@ def test_venv_owned_by_service_account(host):
     assert host.file(f"{target}/lib").user == "vllm"
 
 
+def test_no_world_writable_file_in_venv(host):
+    """Issue 14 item 9 (failing first): uv creates its `.lock` in the venv with mode 0666
+    (found on a converged host), so any local user could write into the service's venv
+    directory's files. Nothing under the venv (the versioned directory behind the link,
+    symlinks aside) may be writable by others. Failed on a venv built by the old role
+    (`.lock` listed), passes since ml_env takes the bit off."""
+    target = host.file(ML_ENV).linked_to or ML_ENV
+    cmd = host.run(f"find {target}/ -xdev -perm -0002 ! -type l -print")
+    assert cmd.rc == 0, cmd.stderr
+    assert cmd.stdout.split() == [], f"world-writable under {target}: {cmd.stdout.split()}"
+
+
 def test_installed_versions_equal_lock_and_imports_work(host):
     report = _verify(host, "--imports")
     assert report["mismatches"] == {}, report["mismatches"]

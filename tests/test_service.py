@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import pytest
+from conftest import ansible_var
 
 # Recorded in docs/service.md; a hardening regression raises the score.
 MAX_EXPOSURE = 3.6
@@ -122,3 +124,47 @@ def test_triton_mla_backend_in_startup_log(host, service):
     inv = host.run(f"systemctl show -p InvocationID --value {service.unit}.service").stdout.strip()
     log = host.run(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={inv}").stdout
     assert re.search(r"TRITON_MLA|TritonMLA", log), "startup log does not show the Triton MLA backend"
+
+
+def _exec_start(host, service) -> list[str]:
+    text = host.file(f"/etc/systemd/system/{service.unit}.service").content_string
+    line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%"))
+
+
+def test_guarded_flags_once_and_context_capped(host, service):
+    """Issue 14 item 4: each flag the role guards appears once on the command line (no
+    override from vllm_service_extra_args), and --max-model-len is at most index_topk
+    unless vllm_service_allow_long_context."""
+    argv = _exec_start(host, service)
+    words = [w.split("=", 1)[0].replace("_", "-") for w in argv if w.startswith("--")]
+    for flag in ("--max-model-len", "--tensor-parallel-size", "--attention-backend", "--host", "--port",
+                 "--served-model-name"):
+        assert words.count(flag) == 1, (flag, argv)
+    assert "--api-key" not in words and "-tp" not in argv
+    length = int(argv[argv.index("--max-model-len") + 1])
+    topk = int(ansible_var(host, "vllm_service_index_topk", None) or ansible_var(host, "glm5_index_topk", 2048))
+    allow = str(ansible_var(host, "vllm_service_allow_long_context", False)).lower() in ("true", "1", "yes")
+    assert length <= topk or allow, f"--max-model-len {length} > index_topk {topk}"
+    fmt = ansible_var(host, "vllm_service_chat_template_content_format", "string")
+    if fmt:
+        assert argv[argv.index("--chat-template-content-format") + 1] == fmt
+
+
+def test_unit_environment_has_nccl_settings(host, service):
+    """Issue 14 item 8: NCCL's and gloo's sockets on the configured interface (lo: one
+    host), and the fallback role nccl_check recorded (/etc/glm5/nccl-check.json) in the
+    running unit's environment; without a recorded fallback, no NCCL_P2P_* variable."""
+    shown = host.run(f"systemctl show -p Environment --value {service.unit}.service")
+    assert shown.rc == 0, shown.stderr
+    env = dict(pair.split("=", 1) for pair in shlex.split(shown.stdout) if "=" in pair)
+    ifname = ansible_var(host, "vllm_service_socket_ifname", "lo")
+    if ifname:
+        assert env.get("NCCL_SOCKET_IFNAME") == ifname and env.get("GLOO_SOCKET_IFNAME") == ifname, env
+    record_file = ansible_var(host, "nccl_check_record_file", "/etc/glm5/nccl-check.json")
+    record = host.file(record_file)
+    recorded = json.loads(record.content_string)["environment"] if record.exists else {}
+    for key, value in recorded.items():
+        assert env.get(key) == value, (key, env)
+    extra = ansible_var(host, "vllm_service_environment", {}) or {}
+    assert not [k for k in env if k.startswith("NCCL_P2P") and k not in recorded and k not in extra], env

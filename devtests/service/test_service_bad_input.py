@@ -78,3 +78,31 @@ def test_max_model_len_boundary(run_local, model_files, length, allow, accepted)
         assert task in " ".join(run.ok_tasks())
     else:
         _refused(run, task, "exceeds index_topk 2048")
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "flag", "variable"),
+    [
+        (["--max-model-len", "131072"], "--max-model-len", "vllm_service_max_model_len"),
+        (["--max_model_len=131072"], "--max-model-len", "vllm_service_max_model_len"),
+        (["-tp", "4"], "-tp", "vllm_service_tensor_parallel_size"),
+        (["--host", "0.0.0.0"], "--host", "vllm_service_host"),
+        (["--api-key", "k"], "--api-key", "vllm_service_api_key"),
+        (["--attention-backend=FLASH_ATTN"], "--attention-backend", "vllm_service_attention_backend"),
+    ],
+    ids=["max-model-len", "underscore-equals", "tp-short", "host", "api-key", "backend"],
+)
+def test_extra_args_setting_a_guarded_flag(run_local, model_files, extra_args, flag, variable):
+    """Issue 14 item 4 (failing first): vllm_service_extra_args with --max-model-len 131072
+    passed the guard, which read only vllm_service_max_model_len; argparse keeps the last
+    value, so the unit would have served 131072 tokens. Now refused before any change,
+    naming the variable to set instead (here without vLLM: vllm_service_validate_args is
+    false; devtests/ml/service checks the parsed namespace with vLLM's own parser)."""
+    run = run_local("service_role.yml", {**model_files, "vllm_service_extra_args": extra_args})
+    _refused(run, "Refuse extra arguments that set a flag the role sets", f"sets {flag} (set {variable} instead)")
+
+
+def test_unguarded_extra_args_pass_validation(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_extra_args": ["--enable-prefix-caching"]})
+    assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
+    assert "Refuse extra arguments that set a flag the role sets" in " ".join(run.ok_tasks())

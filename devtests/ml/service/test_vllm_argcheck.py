@@ -1,7 +1,15 @@
 """The unit's ExecStart arguments, rendered by Ansible from role vllm_service's own
 defaults, are accepted by the real vLLM 0.20.2 argument parser (.venv-ml), and the
 role's checker (roles/vllm_service/files/vllm_argcheck.py) refuses what 0.20.2 does not
-know. Run with the ml venv: .venv-ml/bin/pytest devtests/ml/service/"""
+know. Run with the ml venv: .venv-ml/bin/pytest devtests/ml/service/
+
+Issue 14 item 4 (failing first): the max_model_len guard checked the variable, so
+`vllm_service_extra_args: [--max-model-len, "131072"]` passed. The checker now receives
+the role's own arguments and the extra ones apart, refuses a guarded flag in the extra
+ones in any spelling vLLM accepts, and compares every guarded setting of the parsed
+namespace with what the role set (a --config file cannot override one either). Before
+the fix these tests failed: the override cases exited 0, and the parsed values showed
+max_model_len 131072 with no error."""
 
 from __future__ import annotations
 
@@ -21,8 +29,8 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
 
-def _render_args(tmp_path: Path, **extra: object) -> list[str]:
-    """vllm_service_serve_args as the role computes it (defaults + vars + model facts)."""
+def _render_args(tmp_path: Path, **extra: object) -> dict[str, object]:
+    """vllm_service_argcheck_request as the role computes it (defaults + vars + model facts)."""
     base = tmp_path / "base"
     base.mkdir(exist_ok=True)
     (base / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}\n")
@@ -35,7 +43,7 @@ def _render_args(tmp_path: Path, **extra: object) -> list[str]:
     }
     cmd = [
         str(ANSIBLE), "localhost", "-c", "local", "-i", "localhost,", "-o",
-        "-m", "ansible.builtin.debug", "-a", "var=vllm_service_serve_args",
+        "-m", "ansible.builtin.debug", "-a", "var=vllm_service_argcheck_request",
         "-e", "@roles/glm5/defaults/main/site.yml",
         "-e", "@roles/vllm_service/defaults/main.yml",
         "-e", "@roles/vllm_service/vars/main.yml",
@@ -44,9 +52,9 @@ def _render_args(tmp_path: Path, **extra: object) -> list[str]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_CACHE_PLUGIN": "memory"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     payload = json.loads(out.split("=>", 1)[1])
-    args = payload["vllm_service_serve_args"]
-    assert isinstance(args, list)
-    return [str(a) for a in args]
+    request = payload["vllm_service_argcheck_request"]
+    assert isinstance(request, dict)
+    return request
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +65,9 @@ def checker():
     namespace: dict[str, object] = {"__name__": "vllm_argcheck"}
     exec(compile(CHECKER.read_text(), str(CHECKER), "exec"), namespace)
 
-    def _check(args: list[str], capsys) -> tuple[int, str, str]:
+    def _check(request: dict[str, object], capsys) -> tuple[int, str, str]:
         old = sys.argv
-        sys.argv = [str(CHECKER), json.dumps(args)]
+        sys.argv = [str(CHECKER), json.dumps(request)]
         try:
             rc = namespace["main"]()  # type: ignore[operator]
         except SystemExit as exc:
@@ -73,9 +81,9 @@ def checker():
 
 
 def test_rendered_args_parse_with_vllm(checker, tmp_path, capsys):
-    args = _render_args(tmp_path)
-    assert "--api-key" not in args, "the key belongs in the env file (VLLM_API_KEY)"
-    rc, out, err = checker(args, capsys)
+    request = _render_args(tmp_path)
+    assert "--api-key" not in request["role_args"], "the key belongs in the env file (VLLM_API_KEY)"
+    rc, out, err = checker(request, capsys)
     assert rc == 0, err
     parsed = json.loads(out.strip().splitlines()[-1])
     assert parsed["attention_backend"] == "TRITON_MLA"
@@ -83,6 +91,10 @@ def test_rendered_args_parse_with_vllm(checker, tmp_path, capsys):
     assert parsed["max_model_len"] == 2048
     assert parsed["served_model_name"] == ["glm-5"]
     assert parsed["model"].endswith("-00001-of-00010.gguf")
+    # Issue 14 item 8: GLM-5's recipe renders message content as a plain string.
+    assert parsed["chat_template_content_format"] == "string"
+    assert parsed["host"] == "127.0.0.1"
+    assert parsed["port"] == 8000
     assert parsed["errors"] == []
 
 
@@ -99,3 +111,70 @@ def test_checker_refuses(checker, tmp_path, capsys, extra, message):
     rc, _out, err = checker(_render_args(tmp_path, **extra), capsys)
     assert rc != 0
     assert message in err
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "flag"),
+    [
+        (["--max-model-len", "131072"], "--max-model-len"),
+        (["--max_model_len=131072"], "--max-model-len"),
+        (["--max-model", "131072"], "--max-model-len"),
+        (["-tp", "4"], "--tensor-parallel-size"),
+        (["--attention-backend", "FLASH_ATTN"], "--attention-backend"),
+        (["--host", "0.0.0.0"], "--host"),
+        (["--port=9000"], "--port"),
+        (["--served-model-name", "other"], "--served-model-name"),
+        (["--api-key", "on-the-command-line"], "--api-key"),
+        (["--chat-template-content-format", "openai"], "--chat-template-content-format"),
+        (["--max-model-len", "2048"], "--max-model-len"),
+    ],
+    ids=["max-model-len", "underscore-equals", "abbreviation", "tp-short", "backend", "host", "port",
+         "served-name", "api-key", "content-format", "same-value-still-refused"],
+)
+def test_extra_args_cannot_set_a_guarded_flag(checker, tmp_path, capsys, extra_args, flag):
+    """The role sets these from its own variables; extra_args repeating one is refused."""
+    rc, out, err = checker(_render_args(tmp_path, vllm_service_extra_args=extra_args), capsys)
+    assert rc == 2, out
+    assert f"vllm_service_extra_args sets {flag} " in err
+
+
+def test_config_file_cannot_set_a_guarded_setting(checker, tmp_path, capsys):
+    """vLLM's --config YAML is parsed into the same namespace: the parsed value decides.
+    A key the role keeps off the command line (the API key) is refused..."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("api-key: leaked-into-a-config-file\n")
+    rc, out, err = checker(_render_args(tmp_path, vllm_service_extra_args=["--config", str(config)]), capsys)
+    assert rc == 2, out
+    assert "api_key" in err and "vllm_service_api_key" in err
+    assert "leaked" not in out + err, "the checker must not print the key"
+
+
+def test_config_file_does_not_beat_the_role_flags(checker, tmp_path, capsys):
+    """...and one the role sets on the command line stays the role's (vLLM: CLI > config)."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("max-model-len: 131072\n")
+    rc, out, err = checker(_render_args(tmp_path, vllm_service_extra_args=["--config", str(config)]), capsys)
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["max_model_len"] == 2048
+
+
+@pytest.mark.parametrize(
+    ("allow", "accepted"), [(False, False), (True, True)], ids=["refused", "allowed"]
+)
+def test_parsed_max_model_len_above_index_topk(checker, tmp_path, capsys, allow, accepted):
+    """The cap is applied to what vLLM parsed, not only to the variable."""
+    rc, out, err = checker(_render_args(tmp_path, vllm_service_max_model_len=4096,
+                                        vllm_service_allow_long_context=allow), capsys)
+    parsed = json.loads(out.strip().splitlines()[-1])
+    assert parsed["max_model_len"] == 4096
+    if accepted:
+        assert rc == 0, err
+    else:
+        assert rc == 2
+        assert "max_model_len 4096 exceeds index_topk 2048" in err
+
+
+def test_unguarded_extra_args_accepted(checker, tmp_path, capsys):
+    rc, _out, err = checker(_render_args(tmp_path, vllm_service_extra_args=["--enable-prefix-caching",
+                                                                           "--max-num-seqs", "16"]), capsys)
+    assert rc == 0, err
