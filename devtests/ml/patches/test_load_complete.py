@@ -71,7 +71,7 @@ def test_a_missing_kv_b_half_fails_the_split_load(tmp_path: Path):
 def test_a_missing_file_of_a_split_gguf_fails_the_load(tmp_path: Path):
     first = _write(tmp_path / "m-00001-of-00003.gguf", {"blk.0.attn_k_b.weight": _k_b()})
     _write(tmp_path / "m-00003-of-00003.gguf", {"blk.0.attn_v_b.weight": _v_b()})
-    with pytest.raises(FileNotFoundError, match="m-00002-of-00003.gguf"):
+    with pytest.raises(FileNotFoundError, match=r"m-00002-of-00003\.gguf"):
         GGUFModelLoader._get_all_gguf_files(str(first))
 
 
