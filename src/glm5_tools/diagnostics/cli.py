@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> list[StageResult]:
         stage_layers,
         stage_mapping,
         stage_sharding,
+        stage_sparse,
         torch_dequant,
     )
     from glm5_tools.diagnostics.dims import MLADims, load_config
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> list[StageResult]:
     cfg = load_config(Path(args.hf_config))
     device = _device(args.device)
     stages = {int(s) for s in args.stages.split(",")}
+    if not stages <= set(range(1, 8)):
+        raise ValueError(f"--stages {args.stages}: stages are 1-7")
     tensors, meta = read_tensors(Path(args.gguf)) if stages & {1, 2, 3, 4} else ({}, {})
     arch = str(meta.get("general.architecture", "glm-dsa"))
     results: list[StageResult] = []
@@ -71,6 +74,8 @@ def run(args: argparse.Namespace) -> list[StageResult]:
     if 6 in stages:
         results.append(stage_e2e.run_stage(args.server_url, args.model,
                                            api_key_env=args.api_key_env))
+    if 7 in stages:
+        results.append(stage_sparse.run_stage(Path(args.gguf), selection_fault=args.selection_fault))
     return results
 
 
@@ -86,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-url", default="", help="stage 6: the running server")
     p.add_argument("--model", default="glm-5", help="stage 6: served model name")
     p.add_argument("--api-key-env", default="VLLM_API_KEY")
+    p.add_argument("--selection-fault", default="none", choices=("none", "shift", "causal", "rope_halves"),
+                   help="stage 7: inject a sparse-attention selection fault into the candidate "
+                        "(shows the stage failing)")
     args = p.parse_args(argv)
     try:
         results = run(args)

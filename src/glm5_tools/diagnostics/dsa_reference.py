@@ -206,6 +206,11 @@ class GlmDsaReference:
     def has(self, name: str) -> bool:
         return name in self._tensors
 
+    @property
+    def n_vocab(self) -> int:
+        """Rows of the token embedding (the GGUF's vocabulary, padding included)."""
+        return int(self._tensors["token_embd.weight"].shape[0])
+
     # --- blocks -------------------------------------------------------------------------
 
     def _ffn(self, x: torch.Tensor, prefix: str, suffix: str = "") -> torch.Tensor:
