@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+FLOAT_TYPES = (0, 1, 30)  # GGML F32, F16, BF16: stored as values, nothing to dequantize
+
 
 @dataclass
 class GGUFTensor:

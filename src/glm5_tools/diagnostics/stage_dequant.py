@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from glm5_tools.diagnostics import torch_dequant
-from glm5_tools.diagnostics.gguf_io import GGUFTensor, dequantize_rows, rows_view
+from glm5_tools.diagnostics.gguf_io import FLOAT_TYPES, GGUFTensor, dequantize_rows, rows_view
 from glm5_tools.diagnostics.result import StageResult
 
 NAME = "gguf dequantization"
@@ -25,7 +25,6 @@ NAME = "gguf dequantization"
 # diagnostics.md). 4e-3 (eight half-precision roundings) stays far below a wrong
 # block layout or scale decoding, which moves values by their own order (>= 0.5).
 TOLERANCE = 4e-3
-FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16: nothing to dequantize in vLLM either
 
 # (raw rows [n, bytes], ggml type, rows, columns) -> float32 [n, columns]
 Dequantizer = Callable[[np.ndarray, int, int, int], torch.Tensor]

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from glm5_tools.diagnostics.gguf_io import GGUFTensor, block_info
+from glm5_tools.diagnostics.gguf_io import FLOAT_TYPES, GGUFTensor, block_info
+from glm5_tools.diagnostics.patching import replaced
 
-FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 PROJS = (("gate", "w1"), ("up", "w3"), ("down", "w2"))  # GGUF ffn_*_exps, vLLM shard id
 # The weights are the file's bytes moved, never recomputed: any difference is a fault.
 TOLERANCE_WEIGHTS = 0.0
@@ -70,14 +70,7 @@ def cpu_reference_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_
         raise ValueError(f"cpu_reference_moe: activation {activation!r}, GLM-5 uses silu")
     w13 = _dequant(w1.cpu().numpy(), qtype1)
     down = _dequant(w2.cpu().numpy(), qtype2)
-    half = w13.shape[1] // 2
-    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32)
-    xf = x.float().cpu()
-    for t in range(x.shape[0]):
-        for w, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist(), strict=True):
-            h = w13[e] @ xf[t]
-            out[t] += w * (down[e] @ (torch.nn.functional.silu(h[:half]) * h[half:]))
-    return out.to(x.dtype)
+    return reference_output(x.float().cpu(), topk_weights, topk_ids, w13, down).to(x.dtype)
 
 
 @dataclass
@@ -110,12 +103,8 @@ def _tp_rank_as(rank: int) -> Iterator[None]:
     """FusedMoE takes its size as an argument but asks the TP group for its rank."""
     import vllm.model_executor.layers.fused_moe.config as moe_config
 
-    saved = moe_config.get_tensor_model_parallel_rank
-    moe_config.get_tensor_model_parallel_rank = lambda: rank
-    try:
+    with replaced(moe_config, get_tensor_model_parallel_rank=lambda: rank):
         yield
-    finally:
-        moe_config.get_tensor_model_parallel_rank = saved
 
 
 @contextmanager
@@ -123,13 +112,8 @@ def moe_kernel(kernel: MoEKernel | None) -> Iterator[None]:
     """Put kernel in place of vLLM's fused_moe_gguf for the check (None: vLLM's own)."""
     import vllm.model_executor.layers.quantization.gguf as vllm_gguf
 
-    saved = vllm_gguf.fused_moe_gguf
-    if kernel is not None:
-        vllm_gguf.fused_moe_gguf = kernel
-    try:
+    with replaced(vllm_gguf, fused_moe_gguf=kernel):
         yield
-    finally:
-        vllm_gguf.fused_moe_gguf = saved
 
 
 def loader_items(spec: MoESpec) -> list[tuple[str, torch.Tensor]]:

@@ -35,13 +35,13 @@ import numpy as np
 import torch
 
 from glm5_tools.diagnostics import stage_experts
-from glm5_tools.diagnostics.gguf_io import GGUFTensor, block_info, dequantize_full
+from glm5_tools.diagnostics.gguf_io import FLOAT_TYPES, GGUFTensor, block_info, dequantize_full
+from glm5_tools.diagnostics.patching import replaced
 from glm5_tools.diagnostics.result import StageResult
 from glm5_tools.diagnostics.stage_sharding import _tp_as, pick_layers
 
 STAGE = 4
 NAME = "gguf linear and moe layers"
-FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 # max |layer(x) - x @ W^T| / max |x @ W^T|, per layer, rank and batch size.
 # CPU: the same float32 products summed in another order (measured < 1e-6).
 # GPU: vLLM's kernels quantize the activations to 8 bits per 32 values (q8_1) and
@@ -101,13 +101,8 @@ def _kernel(matmul: MatMul | None) -> Iterator[None]:
     """Put matmul in place of vLLM's GGUF matmul for the stage (None: vLLM's own)."""
     import vllm.model_executor.layers.quantization.gguf as vllm_gguf
 
-    saved = vllm_gguf.fused_mul_mat_gguf
-    if matmul is not None:
-        vllm_gguf.fused_mul_mat_gguf = matmul
-    try:
+    with replaced(vllm_gguf, fused_mul_mat_gguf=matmul):
         yield
-    finally:
-        vllm_gguf.fused_mul_mat_gguf = saved
 
 
 def _vllm_dequantizes_mixed_merged() -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from glm5_tools.diagnostics.gguf_io import GGUFTensor, block_info, dequantize_full, dequantize_rows
+from glm5_tools.diagnostics.patching import replaced
 from glm5_tools.diagnostics.result import StageResult
 
 NAME = "tensor-parallel sharding"
@@ -40,17 +41,9 @@ def _tp_as(rank: int, tp: int) -> Iterator[None]:
     import vllm.model_executor.layers.linear as linear
     import vllm.model_executor.parameter as parameter
 
-    saved = [(m, m.get_tensor_model_parallel_rank, m.get_tensor_model_parallel_world_size)
-             for m in (linear, parameter)]
-    try:
-        for m, _, _ in saved:
-            m.get_tensor_model_parallel_rank = lambda: rank
-            m.get_tensor_model_parallel_world_size = lambda: tp
+    answers = {"get_tensor_model_parallel_rank": lambda: rank, "get_tensor_model_parallel_world_size": lambda: tp}
+    with replaced(linear, **answers), replaced(parameter, **answers):
         yield
-    finally:
-        for m, r, w in saved:
-            m.get_tensor_model_parallel_rank = r
-            m.get_tensor_model_parallel_world_size = w
 
 
 def vllm_sharder(kind: str, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:

@@ -85,6 +85,8 @@ def run_stage(
 ) -> StageResult:
     """Compare the reference's sparse attention with llama.cpp's over prompts of
     ``multiples`` x index_topk tokens."""
+    if not multiples or min(multiples) < 2:
+        raise ValueError(f"multiples {list(multiples)}: prompts must be at least 2 x index_topk")
     files = gguf_files(Path(gguf))
     size = sum(f.stat().st_size for f in files)
     if size > MAX_GGUF_BYTES:
@@ -100,8 +102,6 @@ def run_stage(
     path = files[0]
     model = GlmDsaReference(path)
     topk = model.hp.index_topk
-    if not multiples or min(multiples) < 2:
-        raise ValueError(f"multiples {list(multiples)}: prompts must be at least 2 x index_topk")
     details = [f"index_topk {topk} (GGUF), {model.hp.n_layer} layers, selection fault: {selection_fault}"]
     worst = 0.0
     failed: list[str] = []
@@ -111,7 +111,8 @@ def run_stage(
         ref = llama(path, toks)
         got = agreement(model.forward(toks, selection_fault=selection_fault).logits, ref, start=topk)
         dense = agreement(model.forward(toks, attention="dense").logits, ref, start=topk)
-        shift = agreement(model.forward(toks, selection_fault="shift").logits, ref, start=topk)
+        shift = got if selection_fault == "shift" else agreement(
+            model.forward(toks, selection_fault="shift").logits, ref, start=topk)
         worst = max(worst, got.kl_mean)
         details.append(f"{n} tokens ({m} x top-k), positions {topk}..{n - 1}: candidate {_fmt(got)}; "
                        f"dense {_fmt(dense)}; off-by-one {_fmt(shift)}")
