@@ -1,0 +1,128 @@
+"""Patch 0011: GLM-5's sparse attention (DSA) on Triton, checked on the CPU.
+
+The kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1; the GPU is the
+boundary CI cannot reach: docs/validation/sparse-gpu has the H200 run at
+GLM-5's real dims). sparse_kernels_check.py compares them and the indexer op the
+model calls with float32 torch on GLM-5's per-rank shapes; the off-by-one
+context fault shows those checks can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import overlay
+import torch
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+HERE = Path(__file__).resolve().parent
+
+
+def validate(backend: type, capability: DeviceCapability, kv_cache_dtype: str = "auto") -> list[str]:
+    return list(
+        backend.validate_configuration(
+            head_size=576,
+            dtype=torch.bfloat16,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=64,
+            use_mla=True,
+            has_sink=False,
+            use_sparse=True,
+            use_mm_prefix=False,
+            use_per_head_quant_scales=False,
+            device_capability=capability,
+            attn_type="decoder",
+        )
+    )
+
+
+def test_triton_sparse_backend_takes_glm5_on_sm120_and_sm90() -> None:
+    backend = AttentionBackendEnum.TRITON_MLA_SPARSE.get_class()
+    assert backend.get_name() == "TRITON_MLA_SPARSE" and backend.is_sparse()
+    for cap in (DeviceCapability(12, 0), DeviceCapability(9, 0)):
+        assert validate(backend, cap) == []
+    assert validate(backend, DeviceCapability(12, 0), "fp8") == ["kv_cache_dtype not supported"]
+    assert "sparse not supported" in validate(TritonMLABackend, DeviceCapability(12, 0))
+
+
+def test_without_0011_no_backend_serves_glm5_sparse_on_sm120(tmp_path: Path) -> None:
+    site = overlay.make_overlay(tmp_path / "upto0010", [p for p in overlay.patches() if p.name < "0011"])
+    code = (
+        "import torch\n"
+        "from vllm.platforms.interface import DeviceCapability\n"
+        "from vllm.v1.attention.backends.registry import AttentionBackendEnum as E\n"
+        "print('member', 'TRITON_MLA_SPARSE' in E.__members__)\n"
+        "print('TRITON_MLA', not E.TRITON_MLA.get_class().is_sparse())\n"
+        "for name in ('FLASHMLA_SPARSE', 'FLASHINFER_MLA_SPARSE'):\n"
+        "    print(name, not E[name].get_class().supports_compute_capability(DeviceCapability(12, 0)))\n"
+    )
+    proc = overlay.run_in(site, code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.split("\n")
+    assert "member False" in lines
+    for name in ("TRITON_MLA", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"):
+        assert f"{name} True" in lines  # refused: no sparse MLA backend for SM 12.0
+
+
+def test_indexer_takes_the_triton_path_only_with_the_backend() -> None:
+    """SparseAttnIndexer (and the indexer metadata builder) decide by this: the
+    Triton indexer exactly when TRITON_MLA_SPARSE is the configured backend."""
+    from vllm.model_executor.layers import sparse_attn_indexer as sai
+    from vllm.v1.attention.backends.mla import indexer
+    from vllm.v1.attention.backends.mla.sparse_utils import uses_triton_sparse_mla
+
+    def config(backend: object) -> SimpleNamespace:
+        return SimpleNamespace(attention_config=SimpleNamespace(backend=backend))
+
+    assert uses_triton_sparse_mla(config(AttentionBackendEnum.TRITON_MLA_SPARSE))
+    assert uses_triton_sparse_mla(config("TRITON_MLA_SPARSE"))
+    for other in (AttentionBackendEnum.FLASHMLA_SPARSE, AttentionBackendEnum.TRITON_MLA, None):
+        assert not uses_triton_sparse_mla(config(other))
+    assert sai.uses_triton_sparse_mla is uses_triton_sparse_mla
+    assert indexer.uses_triton_sparse_mla is uses_triton_sparse_mla
+    assert hasattr(torch.ops.vllm, "sparse_attn_indexer_triton")
+
+
+def run_check(*args: str) -> dict[str, object]:
+    env = dict(os.environ)
+    # the interpreter runs the kernels on the CPU; an empty CUDA_VISIBLE_DEVICES
+    # is vLLM's own case for "Triton usable with no active GPU driver"
+    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    import conftest
+
+    env["PYTHONPATH"] = os.pathsep.join([str(conftest.PATCHED_SITE), str(HERE)])
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "sparse_kernels_check.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_and_indexer_op_match_float32() -> None:
+    r = run_check()
+    assert r["logits_rel_err"] < 1e-4
+    assert r["logits_causal"] is True
+    assert r["topk_agreement"] == 1.0
+    assert r["topk_causal_and_counts"] is True
+    assert r["sparse_mla_rel_err"] < 0.02
+    assert r["empty_rows_zero"] is True
+    assert r["splits_used"] == [1, 2]  # both the one-split and the merged path ran
+
+
+def test_off_by_one_context_is_caught() -> None:
+    r = run_check("--fault", "off-by-one")
+    assert r["logits_causal"] is False
+    assert r["topk_causal_and_counts"] is False
+    assert r["topk_agreement"] < 1.0
