@@ -88,6 +88,11 @@ def test_indexer_takes_the_triton_path_only_with_the_backend() -> None:
     assert sai.uses_triton_sparse_mla is uses_triton_sparse_mla
     assert indexer.uses_triton_sparse_mla is uses_triton_sparse_mla
     assert hasattr(torch.ops.vllm, "sparse_attn_indexer_triton")
+    # a splitting op of piecewise CUDA graphs, as vLLM's own indexer op is: its
+    # prefill path depends on per-batch metadata
+    from vllm.config.compilation import CompilationConfig
+
+    assert "vllm::sparse_attn_indexer_triton" in CompilationConfig._attention_ops
 
 
 def run_check(*args: str) -> dict[str, object]:
