@@ -26,6 +26,7 @@ from glm5_tools.diagnostics.dsa_reference import (
     GlmDsaReference,
     agreement,
     causal_mask,
+    fp8_ue8m0,
     indexer_scores,
     rope_pairs,
     select_topk,
@@ -221,3 +222,32 @@ def test_trace_selects_topk_per_query():
         counts = tr.chosen.sum(-1)
         assert counts.tolist() == [min(i + 1, SMALL_TOPK) for i in range(48)]
         assert not (tr.chosen & ~causal_mask(48)).any()
+
+
+def test_fp8_ue8m0_rounds_to_e4m3_with_power_of_two_scales():
+    x = torch.tensor([[448.0 * 3, -1.0, 0.3, 0.0], [1e-3, -2e-3, 0.0, 5e-4], [0.0, 0.0, 0.0, 0.0]])
+    q = fp8_ue8m0(x, 1e-4)
+    amax = x.abs().amax(-1, keepdim=True).clamp(min=1e-4)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    assert torch.equal(scale, torch.exp2(torch.round(torch.log2(scale))))  # powers of two
+    assert torch.equal(q, (x / scale).to(torch.float8_e4m3fn).float() * scale)
+    normal = x.abs() >= scale * 2**-6  # e4m3 normal range: relative error <= 2^-4
+    assert ((q - x).abs() <= x.abs() * 2**-4 + 1e-12)[normal].all()
+    assert torch.equal(q[2], x[2])
+
+
+def test_fp8_indexer_changes_nothing_while_every_key_is_selected():
+    toks = _prompt(SMALL_TOPK - 4, 5)
+    model = GlmDsaReference(SMALL_BF16)
+    assert torch.equal(model.forward(toks).logits, model.forward(toks, attention="sparse-fp8").logits)
+
+
+def test_fp8_indexer_flips_only_near_ties_past_top_k():
+    """Past top_k the fp8 scores select a few other keys: much closer to the float32
+    selection than dense attention is (the residual a correct vLLM path shows)."""
+    toks = _prompt(4 * SMALL_TOPK, 6)
+    model = GlmDsaReference(SMALL_BF16)
+    ref = model.forward(toks).logits
+    fp8 = agreement(model.forward(toks, attention="sparse-fp8").logits, ref, start=SMALL_TOPK)
+    dense = agreement(model.forward(toks, attention="dense").logits, ref, start=SMALL_TOPK)
+    assert 0 < fp8.kl_mean < dense.kl_mean / 3

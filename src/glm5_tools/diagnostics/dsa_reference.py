@@ -16,6 +16,12 @@ trained with it:
 3. MLA (absorbed form, the latent ``c = RMSNorm(kv_a)`` and the roped ``k_pe``) whose
    softmax runs over the selected keys only.
 
+``attention="sparse-fp8"`` rounds the indexer's q and k to float8 e4m3 with one
+power-of-two scale per 128 values before the scores, as vLLM's indexer does
+(``per_token_group_quant_fp8`` with ue8m0 scales for q, ``indexer_k_quant_and_cache``
+for its key cache): the selection a correct vLLM sparse path makes, where it differs
+from float32 scores at near-ties.
+
 ``attention="dense"`` skips 1-2 (every s <= t attends): the computation vLLM's dense
 Triton MLA path (patch 0004) does, which equals the sparse one only while a sequence
 has at most top_k tokens. That is what the tests of this module show against llama.cpp's
@@ -43,7 +49,8 @@ import torch
 
 from glm5_tools.diagnostics.gguf_io import GGUFTensor, dequantize_full, read_tensors
 
-Attention = Literal["sparse", "dense"]
+Attention = Literal["sparse", "sparse-fp8", "dense"]
+FP8_E4M3_MAX = 448.0
 SelectionFault = Literal["none", "shift", "causal", "rope_halves"]
 ARCH = "glm-dsa"
 INDEXER_NORM_EPS = 1e-6  # DeepSeek V3.2 / GLM-5 indexer LayerNorm
@@ -151,6 +158,14 @@ def indexer_scores(
     logits = torch.relu(torch.einsum("thd,sd->ths", q, k))
     scores = torch.einsum("ths,th->ts", logits, w)
     return scores.masked_fill(~visible, float("-inf"))
+
+
+def fp8_ue8m0(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x rounded to float8 e4m3 with a power-of-two scale per last-dim row (as vLLM's
+    indexer quantizes its q and k), returned in float32."""
+    amax = x.abs().amax(-1, keepdim=True).clamp(min=eps)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / FP8_E4M3_MAX)))
+    return (x / scale).to(torch.float8_e4m3fn).float() * scale
 
 
 def select_topk(scores: torch.Tensor, topk: int, visible: torch.Tensor) -> torch.Tensor:
@@ -262,6 +277,9 @@ class GlmDsaReference:
             qi = torch.cat([rope_pairs(qi[..., :r], pos, hp.rope_base, halves=halves), qi[..., r:]], dim=-1)
             ki = torch.cat([rope_pairs(ki[:, :r], pos, hp.rope_base, halves=halves), ki[:, r:]], dim=-1)
             wi = (x @ self.w(f"{p}.indexer.proj.weight").T) / math.sqrt(hp.index_dim * hp.index_heads)
+            if attention == "sparse-fp8":
+                # vLLM: q per (token, head) group of 128 (eps 1e-10), k per token (eps 1e-4)
+                qi, ki = fp8_ue8m0(qi, 1e-10), fp8_ue8m0(ki, 1e-4)
             seen = visible
             if fault == "causal":
                 seen = torch.ones_like(visible).tril(1)

@@ -3,8 +3,9 @@
 # fixture with the patched vLLM, cut into pieces of at most 50 MiB (one per device call: the tree that travels with it is ~12 MiB).
 #   wheels  the lock's wheels that machine lacks (sha256 checked against the lock), as in
 #           run 3, less what serving never imports (flashinfer, tilelang, z3-solver,
-#           cuda-tile, quack-kernels, fastsafetensors, numba/llvmlite, opentelemetry
-#           exporters and grpcio, hf-xet, the fastapi CLIs). vLLM's wheel travels without
+#           cuda-tile, quack-kernels, fastsafetensors, numba/llvmlite, hf-xet, the
+#           fastapi CLIs; the first serving try died on `No module named
+#           'opentelemetry'`: those wheels travelled in a ninth call, c8/extra). vLLM's wheel travels without
 #           vllm_flash_attn/_vllm_fa2_C.abi3.so (82 MB compressed): FlashAttention 2 is
 #           vLLM's path below SM 9.0; on the H200 it takes FA3 (_vllm_fa3_C, kept).
 #   gguf    tiny-glm5-topk32's UD-Q4_K_XL GGUF (index_topk 32), hf/ its small files
@@ -17,7 +18,7 @@ lock=roles/ml_env/files/locks/requirements-py3.12.txt
 fixture=.cache/fixtures/tiny-glm5-topk32
 out=.build/e2e5
 rm -rf "$out" && mkdir -p "$out/payload"/{wheels,gguf,hf}
-skip='^(flashinfer-cubin|flashinfer-python|tilelang|z3-solver|cuda-tile|quack-kernels|fastsafetensors|numba|llvmlite|grpcio|googleapis-common-protos|opentelemetry-.*|hf-xet|fastapi-cli|fastapi-cloud-cli|rignore|sentry-sdk)$'
+skip='^(flashinfer-cubin|flashinfer-python|tilelang|z3-solver|cuda-tile|quack-kernels|fastsafetensors|numba|llvmlite|hf-xet|fastapi-cli|fastapi-cloud-cli|rignore|sentry-sdk)$'
 lock_hashes() { awk -v p="$1 " 'index($0,p)==1{f=1;next} f&&/--hash=sha256:/{sub(/.*sha256:/,"");sub(/ .*/,"");print;next} f&&!/^ /{f=0}' "$lock"; }
 for whl in "$wheels_in"/*.whl; do
   base=$(basename "$whl")

@@ -1,7 +1,8 @@
 """Run 5: one server's prompt log-probs (whole distributions), greedy outputs, and the
 same prompt log-probs sent concurrently (requests of different lengths in one batch).
 
-usage: query5.py PORT PREFIX PROMPTS_JSON VOCAB  -> PREFIX.json, PREFIX.npz
+usage: query5.py PORT PREFIX PROMPTS_JSON VOCAB [K]  -> PREFIX.json, PREFIX.npz
+(K: log-probs per position asked for, default VOCAB: whole distributions; the rest -inf)
 """
 
 import json
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 port, prefix, prompts_path, vocab = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+k_req = int(sys.argv[5]) if len(sys.argv) > 5 else vocab
 url = f"http://127.0.0.1:{port}/v1/completions"
 
 

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Run 5 (issue 13), serving call on the GPU validation machine: joins and checks the
+# Run 5 (issue 13), serving call on the GPU validation machine. usage: serve.sh [b]
+# (b: the servers of b/servers.yml on the main fixture). Joins and checks the
 # carried pieces, installs the lock's vLLM 0.20.2 stack into /root/site, applies the
 # project's patch set (0001-0011) with patch(1) as the role does, and starts the five
 # servers of servers.yml at once, each with the command line role vllm_service renders
@@ -7,7 +8,8 @@
 # each log's backend lines and errors, and returns everything as $OUT/run5.tar.gz.
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-REPO=$PWD; R=$REPO/docs/validation/e2e-gpu/run5; L=/root/run5
+SET=${1:-}
+REPO=$PWD; R=$REPO/docs/validation/e2e-gpu/run5${SET:+/$SET}; L=/root/run5$SET; VOCAB=${VOCAB:-2048}
 rm -rf $L; mkdir -p $L
 cat /root/stash/payload.part.* > /root/payload.tar
 echo "$(cut -d' ' -f1 /root/stash/payload.sha256)  /root/payload.tar" | sha256sum -c || exit 1
@@ -15,7 +17,7 @@ rm -rf /root/p && mkdir /root/p && tar -xf /root/payload.tar -C /root/p && (cd /
 el "payload verified"
 rm -rf /root/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site \
-  /root/p/wheels/*.whl 2>&1 | grep -v "WARNING: Target directory" | tail -5
+  /root/p/wheels/*.whl $(ls /root/stash/extra/*.whl 2>/dev/null) 2>&1 | grep -v "WARNING: Target directory" | tail -5
 el "installed"
 for p in "$REPO"/files/patches/vllm-0.20.2/*.patch; do
   patch -p1 -s -d /root/site < "$p" && echo "applied $(basename "$p")" || { echo "PATCH FAILED: $(basename "$p")"; exit 1; }
@@ -28,18 +30,25 @@ chmod 0755 /root/ml-env/bin/python /root/ml-env/bin/vllm
 /root/ml-env/bin/python -c "import vllm, torch, triton, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee $L/versions.txt
 mkdir -p /root/model /var/cache/vllm-glm-5 /var/lib/vllm-glm-5
 cp /root/p/gguf/*.gguf /root/model/; rm -rf /root/hf; cp -a /root/p/hf /root/hf
-sha256sum /root/model/*.gguf | tee $L/sha256.txt
+if [ -n "$SET" ]; then
+  # the main fixture (carried apart: c9-c11), its second shard in two pieces
+  mkdir -p /root/model/main; rm -rf /root/hf-main; cp -a /root/stash/main/hf /root/hf-main
+  cp /root/stash/main/*-00001-of-00002.gguf /root/model/main/
+  cat /root/stash/main/shard2.part.* > /root/model/main/tiny-glm5-UD-Q4_K_XL-00002-of-00002.gguf
+fi
+sha256sum /root/model/*.gguf /root/model/main/*.gguf 2>/dev/null | tee $L/sha256.txt
 python3 -c "import secrets; print(secrets.token_hex(16))" > /root/apikey; chmod 0600 /root/apikey
 export VLLM_API_KEY=$(cat /root/apikey)
 health() { python3 -c "import sys,urllib.request
 try: print(urllib.request.urlopen(sys.argv[1], timeout=3).status)
 except Exception: print(0)" "$1"; }
-declare -A PORT=([sparse]=8000 [sparse-chunked]=8001 [sparse-graphs]=8002 [dense]=8003 [flashmla-sparse]=8004)
+declare -A PORT
+while read -r name port; do PORT[$name]=$port; done < "$R/ports"
 for s in "${!PORT[@]}"; do
   setsid bash "$R/cmdline-$s.sh" > "$L/server-$s.log" 2>&1 < /dev/null &
   echo $! > "$L/pid-$s"
 done
-el "five servers started"
+el "${#PORT[@]} servers started"
 declare -A UP
 while :; do
   pending=0
@@ -56,7 +65,7 @@ done
 QP=()
 for s in "${!PORT[@]}"; do
   if [ "${UP[$s]}" = 1 ]; then
-    python3 "$R/query5.py" "${PORT[$s]}" "$L/$s" "$R/prompts.json" 2048 > "$L/query-$s.txt" 2>&1 &
+    python3 "$REPO/docs/validation/e2e-gpu/run5/query5.py" "${PORT[$s]}" "$L/$s" "$R/prompts.json" "$VOCAB" "${LOGPROBS:-$VOCAB}" > "$L/query-$s.txt" 2>&1 &
     QP+=($!)
   fi
 done
@@ -70,5 +79,5 @@ done
 for s in "${!PORT[@]}"; do kill -TERM -"$(cat $L/pid-$s)" 2>/dev/null; done
 sleep 2
 for s in "${!PORT[@]}"; do tail -40 "$L/server-$s.log" > "$L/tail-$s.log"; done
-tar -czf $OUT/run5.tar.gz -C /root run5
+tar -czf $OUT/run5$SET.tar.gz -C /root --exclude='*.log' run5$SET; tar -czf $OUT/logs$SET.tar.gz -C /root run5$SET/server-*.log
 el "done"

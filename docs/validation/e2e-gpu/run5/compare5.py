@@ -1,0 +1,89 @@
+"""Run 5, here: each server's prompt distributions against llama.cpp's glm-dsa and the
+project's CPU reference of GLM-5's sparse attention (stage 7), on the same GGUF.
+
+usage: PYTHONPATH=src .venv-ml/bin/python docs/validation/e2e-gpu/run5/compare5.py \
+         RESULTS_DIR GGUF OUT.json
+Per server and prompt: top-1 agreement and mean KL(server || oracle) over the
+positions at or after index_topk (where sparse and dense attention differ) and
+before it; greedy continuations against the sparse server's. Oracles: llama.cpp,
+the reference (float32 indexer), the reference with vLLM's fp8 indexer rounding
+(attention="sparse-fp8"), the dense reference.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from glm5_tools.diagnostics.dsa_reference import GlmDsaReference, agreement
+from glm5_tools.diagnostics.stage_sparse import llama_cpp_logits
+
+results, gguf, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+here = Path(__file__).resolve().parent
+prompts = json.loads((here / "prompts.json").read_text())
+model = GlmDsaReference(gguf)
+topk = model.hp.index_topk
+servers = ["sparse", "sparse-chunked", "sparse-graphs", "dense", "flashmla-sparse"]
+oracles: dict[str, list[torch.Tensor]] = {
+    "llama.cpp": [],
+    "reference": [],
+    "reference-fp8-indexer": [],
+    "reference-dense": [],
+}
+for p in prompts:
+    ids = p["ids"]
+    oracles["llama.cpp"].append(llama_cpp_logits(gguf, ids))
+    oracles["reference"].append(model.forward(ids).logits)
+    oracles["reference-fp8-indexer"].append(model.forward(ids, attention="sparse-fp8").logits)
+    oracles["reference-dense"].append(model.forward(ids, attention="dense").logits)
+
+
+def fmt(a: object) -> dict[str, float]:
+    d = a.as_dict()  # type: ignore[attr-defined]
+    return {"top1": round(d["top1"], 4), "kl_mean": round(d["kl_mean"], 5), "n": d["positions"]}
+
+
+report: dict[str, object] = {"gguf": gguf.name, "index_topk": topk, "servers": {}, "oracles": {}}
+# the oracles against each other (llama.cpp vs reference, and dense vs llama.cpp)
+for name in ("reference", "reference-fp8-indexer", "reference-dense"):
+    report["oracles"][f"{name} vs llama.cpp"] = [
+        fmt(agreement(oracles[name][k], oracles["llama.cpp"][k], start=topk)) if len(p["ids"]) > topk else None
+        for k, p in enumerate(prompts)
+    ]
+sparse_greedy = None
+for s in servers:
+    npz = results / f"{s}.npz"
+    meta = json.loads((results / f"{s}.json").read_text())
+    arrays = np.load(npz) if npz.stat().st_size > 100 else {}
+    rows = []
+    for k, p in enumerate(prompts):
+        n = len(p["ids"])
+        if f"lp{k}" not in arrays:
+            rows.append({"error": str(meta["prompts"][k].get("error", "no result"))[:300]})
+            continue
+        # server row i is the distribution of token i+1 (positions 1..n-1)
+        lp = torch.from_numpy(arrays[f"lp{k}"])
+        row: dict[str, object] = {"n_tokens": n}
+        for oname, ologits in oracles.items():
+            o = ologits[k][: n - 1]
+            # agreement() takes logits; log-probs are logits up to a constant per row
+            got = torch.where(torch.isfinite(lp), lp, torch.full_like(lp, -1e30))
+            if n - 1 > topk:
+                row[f"vs {oname}, positions >= top-k"] = fmt(agreement(got, o, start=topk))
+            row[f"vs {oname}, positions < top-k"] = fmt(agreement(got[: min(topk, n - 1)], o[: min(topk, n - 1)]))
+        row["greedy"] = meta["prompts"][k].get("greedy_ids")
+        rows.append(row)
+    report["servers"][s] = {
+        "prompts": rows,
+        "concurrent_vs_sequential_max_abs_logprob_diff": meta.get("concurrent_vs_sequential_max_abs_logprob_diff"),
+    }
+sg = [r.get("greedy") for r in report["servers"]["sparse"]["prompts"]]
+for s in servers:
+    report["servers"][s]["greedy_equal_to_sparse"] = [
+        (r.get("greedy") == g) if r.get("greedy") is not None else None
+        for r, g in zip(report["servers"][s]["prompts"], sg, strict=True)
+    ]
+out.write_text(json.dumps(report, indent=1) + "\n")
+print(json.dumps(report, indent=1))
