@@ -47,7 +47,7 @@ def prompt_lp(ids: list[int]) -> np.ndarray | dict[str, Any]:
             "max_tokens": 1,
             "temperature": 0,
             "echo": True,
-            "logprobs": vocab,
+            "logprobs": k_req,
             "return_tokens_as_token_ids": True,
         }
     )
