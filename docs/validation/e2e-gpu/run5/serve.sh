@@ -50,6 +50,7 @@ for s in "${!PORT[@]}"; do
 done
 el "${#PORT[@]} servers started"
 declare -A UP
+# servers are queried one after another when SERIAL is set (timings), else at once
 while :; do
   pending=0
   for s in "${!PORT[@]}"; do
@@ -64,8 +65,10 @@ while :; do
 done
 QP=()
 for s in "${!PORT[@]}"; do
-  if [ "${UP[$s]}" = 1 ]; then
-    python3 "$REPO/docs/validation/e2e-gpu/run5/query5.py" "${PORT[$s]}" "$L/$s" "$R/prompts.json" "$VOCAB" "${LOGPROBS:-$VOCAB}" > "$L/query-$s.txt" 2>&1 &
+  if [ "${UP[$s]}" = 1 ] && [ -n "${SERIAL:-}" ]; then
+    python3 "$REPO/docs/validation/e2e-gpu/run5/${QUERY:-query5.py}" "${PORT[$s]}" "$L/$s" "$R/prompts.json" "$VOCAB" > "$L/query-$s.txt" 2>&1
+  elif [ "${UP[$s]}" = 1 ]; then
+    python3 "$REPO/docs/validation/e2e-gpu/run5/${QUERY:-query5.py}" "${PORT[$s]}" "$L/$s" "$R/prompts.json" "$VOCAB" "${LOGPROBS:-$VOCAB}" > "$L/query-$s.txt" 2>&1 &
     QP+=($!)
   fi
 done
@@ -79,5 +82,5 @@ done
 for s in "${!PORT[@]}"; do kill -TERM -"$(cat $L/pid-$s)" 2>/dev/null; done
 sleep 2
 for s in "${!PORT[@]}"; do tail -40 "$L/server-$s.log" > "$L/tail-$s.log"; done
-tar -czf $OUT/run5$SET.tar.gz -C /root --exclude='*.log' run5$SET; tar -czf $OUT/logs$SET.tar.gz -C /root run5$SET/server-*.log
+tar -czf $OUT/run5$SET.tar.gz -C /root --exclude='*.log' run5$SET; (cd /root && tar -czf $OUT/logs$SET.tar.gz run5$SET/*.log)
 el "done"
