@@ -42,7 +42,9 @@ def test_unit_hardening_keeps_gpus_working(host, service):
     active = [ln for ln in text.splitlines() if not ln.startswith("#")]
     for bad in FORBIDDEN:
         assert not any(ln.startswith(bad) for ln in active), bad
-    assert "--attention-backend TRITON_MLA" in text
+    attention = ansible_var(host, "vllm_service_attention", "sparse")
+    backend = {"sparse": "TRITON_MLA_SPARSE", "dense": "TRITON_MLA"}[attention]
+    assert f"--attention-backend {backend} " in text
 
 
 def test_exposure_score(host, service):
@@ -118,12 +120,14 @@ def test_nvidia_devices_allowed(host, service):
     assert not missing, f"/proc/devices NVIDIA groups not allowed: {missing}"
 
 
-def test_triton_mla_backend_in_startup_log(host, service):
+def test_attention_backend_in_startup_log(host, service):
     if not service.gpu_required:
         pytest.skip("no GPU on this host: vLLM does not run here, its log has no backend line")
     inv = host.run(f"systemctl show -p InvocationID --value {service.unit}.service").stdout.strip()
     log = host.run(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={inv}").stdout
-    assert re.search(r"TRITON_MLA|TritonMLA", log), "startup log does not show the Triton MLA backend"
+    attention = ansible_var(host, "vllm_service_attention", "sparse")
+    backend = {"sparse": "TRITON_MLA_SPARSE", "dense": "TRITON_MLA"}[attention]
+    assert re.search(rf"AttentionBackendEnum\.{backend} backend", log), f"startup log does not show {backend}"
 
 
 def _exec_start(host, service) -> list[str]:
@@ -134,8 +138,9 @@ def _exec_start(host, service) -> list[str]:
 
 def test_guarded_flags_once_and_context_capped(host, service):
     """Issue 14 item 4: each flag the role guards appears once on the command line (no
-    override from vllm_service_extra_args), and --max-model-len is at most index_topk
-    unless vllm_service_allow_long_context."""
+    override from vllm_service_extra_args); with dense attention --max-model-len is at
+    most index_topk unless vllm_service_allow_long_context, with sparse at least index_topk
+    (the model's limit bounded by the KV cache: role vllm_service's validate.yml)."""
     argv = _exec_start(host, service)
     words = [w.split("=", 1)[0].replace("_", "-") for w in argv if w.startswith("--")]
     for flag in ("--max-model-len", "--tensor-parallel-size", "--attention-backend", "--host", "--port",
@@ -145,7 +150,10 @@ def test_guarded_flags_once_and_context_capped(host, service):
     length = int(argv[argv.index("--max-model-len") + 1])
     topk = int(ansible_var(host, "vllm_service_index_topk", None) or ansible_var(host, "glm5_index_topk", 2048))
     allow = str(ansible_var(host, "vllm_service_allow_long_context", False)).lower() in ("true", "1", "yes")
-    assert length <= topk or allow, f"--max-model-len {length} > index_topk {topk}"
+    if ansible_var(host, "vllm_service_attention", "sparse") == "dense":
+        assert length <= topk or allow, f"--max-model-len {length} > index_topk {topk}"
+    else:
+        assert length >= topk, f"sparse attention with --max-model-len {length} < index_topk {topk}"
     fmt = ansible_var(host, "vllm_service_chat_template_content_format", "string")
     if fmt:
         assert argv[argv.index("--chat-template-content-format") + 1] == fmt

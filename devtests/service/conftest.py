@@ -15,6 +15,17 @@ import pytest
 from runner_events import Run
 
 ROOT = Path(__file__).resolve().parents[2]
+# GLM-5's keys that the service reads from config.json (heads for the TP check; the
+# attention sizes and max_position_embeddings for the sparse context bound).
+GLM5_ATTENTION_CONFIG = {
+    "num_attention_heads": 64,
+    "index_topk": 2048,
+    "num_hidden_layers": 78,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "index_head_dim": 128,
+    "max_position_embeddings": 202752,
+}
 PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 # The typed package under src/ (not installed into the tool venv).
 if str(ROOT / "src") not in sys.path:
@@ -55,7 +66,7 @@ def model_files(tmp_path: Path) -> dict[str, str]:
     gguf = tmp_path / "model" / "gguf" / "UD-Q4_K_XL"
     base.mkdir(parents=True)
     gguf.mkdir(parents=True)
-    (base / "config.json").write_text(json.dumps({"num_attention_heads": 64, "index_topk": 2048}))
+    (base / "config.json").write_text(json.dumps(GLM5_ATTENTION_CONFIG))
     (base / "chat_template.jinja").write_text("{{ messages }}\n")
     for i in (1, 2):
         (gguf / f"GLM-5-UD-Q4_K_XL-0000{i}-of-00002.gguf").write_bytes(b"GGUF placeholder")

@@ -66,13 +66,14 @@ def test_bad_type_refused_by_argument_specs(run_local, model_files):
     [(2048, False, True), (2049, False, False), (2049, True, True)],
     ids=["2048-accepted", "2049-refused", "2049-accepted-with-flag"],
 )
-def test_max_model_len_boundary(run_local, model_files, length, allow, accepted):
+def test_dense_max_model_len_boundary(run_local, model_files, length, allow, accepted):
     run = run_local("service_validate.yml", {
         **model_files,
+        "vllm_service_attention": "dense",
         "vllm_service_max_model_len": length,
         "vllm_service_allow_long_context": allow,
     })
-    task = "Refuse a context longer than GLM-5's index_topk unless allowed"
+    task = "Refuse a dense context longer than GLM-5's index_topk unless allowed"
     if accepted:
         assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
         assert task in " ".join(run.ok_tasks())
@@ -80,29 +81,65 @@ def test_max_model_len_boundary(run_local, model_files, length, allow, accepted)
         _refused(run, task, "exceeds index_topk 2048")
 
 
-@pytest.mark.parametrize(
-    ("extra_args", "flag", "variable"),
-    [
-        (["--max-model-len", "131072"], "--max-model-len", "vllm_service_max_model_len"),
-        (["--max_model_len=131072"], "--max-model-len", "vllm_service_max_model_len"),
-        (["-tp", "4"], "-tp", "vllm_service_tensor_parallel_size"),
-        (["--host", "0.0.0.0"], "--host", "vllm_service_host"),
-        (["--api-key", "k"], "--api-key", "vllm_service_api_key"),
-        (["--attention-backend=FLASH_ATTN"], "--attention-backend", "vllm_service_attention_backend"),
-    ],
-    ids=["max-model-len", "underscore-equals", "tp-short", "host", "api-key", "backend"],
-)
-def test_extra_args_setting_a_guarded_flag(run_local, model_files, extra_args, flag, variable):
-    """Issue 14 item 4 (failing first): vllm_service_extra_args with --max-model-len 131072
-    passed the guard, which read only vllm_service_max_model_len; argparse keeps the last
-    value, so the unit would have served 131072 tokens. Now refused before any change,
-    naming the variable to set instead (here without vLLM: vllm_service_validate_args is
-    false; devtests/ml/service checks the parsed namespace with vLLM's own parser)."""
-    run = run_local("service_role.yml", {**model_files, "vllm_service_extra_args": extra_args})
-    _refused(run, "Refuse extra arguments that set a flag the role sets", f"sets {flag} (set {variable} instead)")
+def _debug_messages(run) -> str:
+    return " ".join(str(e["event_data"]["res"].get("msg", "")) for e in run.task_events()
+                    if e["event"] == "runner_on_ok" and "res" in e["event_data"])
 
 
-def test_unguarded_extra_args_pass_validation(run_local, model_files):
-    run = run_local("service_validate.yml", {**model_files, "vllm_service_extra_args": ["--enable-prefix-caching"]})
+def test_sparse_is_the_default_with_the_models_own_context(run_local, model_files):
+    """No GPU on this machine: the KV-cache bound is unknown, the model's limit is used."""
+    run = run_local("service_validate.yml", model_files)
     assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
-    assert "Refuse extra arguments that set a flag the role sets" in " ".join(run.ok_tasks())
+    text = _debug_messages(run)
+    assert "sparse attention: max_model_len 202752 (default)" in text
+    assert "KV cache unknown (no GPU query) tokens" in text
+
+
+def test_sparse_context_bounded_by_the_kv_cache(run_local, model_files):
+    """40 GiB GPUs with 10 GiB of weights per GPU (TP 8): the KV cache bounds the context."""
+    gguf = model_files["vllm_service_gguf_path"]
+    run = run_local("service_validate.yml", {
+        **model_files,
+        "model_gguf_files": [gguf],
+        "nvidia_driver_gpus": [{"memory_total": "40960 MiB"}] * 8,
+        "vllm_service_gpu_memory_utilization": 0.5,
+        "vllm_service_kv_reserve_mib": 4096,
+    })
+    assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
+    # ((40960 x 0.5 - 4096) MiB - 2 bytes of weights) / (78 x (576 x 2 + 132)) bytes = 171,537
+    # tokens -> 171,520 (64-token blocks)
+    assert "max_model_len 171520 (default)" in _debug_messages(run)
+    assert "bounded by the KV cache" in _debug_messages(run)
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        ({"vllm_service_max_model_len": 1024}, "must be at least index_topk 2048"),
+        ({"vllm_service_max_model_len": 262144}, "at most the model's 202752"),
+        ({"vllm_service_max_model_len": 180000, "nvidia_driver_gpus": [{"memory_total": "40960 MiB"}],
+          "vllm_service_gpu_memory_utilization": 0.5, "vllm_service_kv_reserve_mib": 4096},
+         "at most the 171537 tokens the KV cache of one GPU holds"),
+    ],
+    ids=["below-index-topk", "above-model-limit", "above-kv-cache"],
+)
+def test_sparse_context_refused(run_local, model_files, extra, text):
+    run = run_local("service_validate.yml", {**model_files, **extra})
+    _refused(run, "Refuse a sparse context the model or the KV cache cannot hold", text)
+
+
+@pytest.mark.parametrize(
+    ("attention", "backend"),
+    [("sparse", "TRITON_MLA"), ("dense", "TRITON_MLA_SPARSE"), ("fast", "")],
+)
+def test_attention_and_backend_must_match(run_local, model_files, attention, backend):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_attention": attention,
+                                             "vllm_service_attention_backend": backend})
+    assert run.rc != 0
+    failure = run.first_failure()
+    assert failure["event_data"]["task"] in ("Refuse an attention and backend that do not go together",
+                                             "Validating arguments against arg spec 'main' - GLM-5 on vLLM as a "
+                                             "hardened systemd service") or "argument" in failure["event_data"]["task"]
+    assert run.changed_before(failure) == []
+
+

@@ -131,3 +131,49 @@ def test_off_by_one_context_is_caught() -> None:
     assert r["logits_causal"] is False
     assert r["topk_causal_and_counts"] is False
     assert r["topk_agreement"] < 1.0
+
+
+ROOT = HERE.parents[2]
+
+
+def _sparse_request(tmp_path: Path, **extra: object) -> dict[str, object]:
+    """The role's argcheck request with its defaults (sparse attention)."""
+    base = tmp_path / "base"
+    base.mkdir(exist_ok=True)
+    facts = {"model_gguf_path": str(tmp_path / "GLM-5-UD-Q4_K_XL-00001-of-00010.gguf"),
+             "model_tokenizer_dir": str(base), "model_config_dir": str(base), **extra}
+    cmd = [str(ROOT / ".venv" / "bin" / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-o",
+           "-m", "ansible.builtin.debug", "-a", "var=vllm_service_argcheck_request",
+           "-e", "@roles/glm5/defaults/main/site.yml", "-e", "@roles/vllm_service/defaults/main.yml",
+           "-e", "@roles/vllm_service/vars/main.yml", "-e", json.dumps(facts)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_CACHE_PLUGIN": "memory"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.split("=>", 1)[1])["vllm_service_argcheck_request"]
+
+
+def _argcheck(request: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    import conftest
+
+    env = {**os.environ, "GLM5_ARGCHECK_PLATFORM": "cuda", "VLLM_LOGGING_LEVEL": "ERROR",
+           "PYTHONPATH": str(conftest.PATCHED_SITE)}
+    return subprocess.run([sys.executable, str(ROOT / "roles/vllm_service/files/vllm_argcheck.py"),
+                           json.dumps(request)], env=env, capture_output=True, text=True, check=False, timeout=300)
+
+
+def test_service_default_is_sparse_and_parses_on_the_patched_tree(tmp_path: Path) -> None:
+    request = _sparse_request(tmp_path)
+    assert request["sparse"] is True and request["max_model_len_cap"] is None
+    args = request["role_args"]
+    assert args[args.index("--attention-backend") + 1] == "TRITON_MLA_SPARSE"
+    # before validate.yml bounds it: the model's own limit (GLM-5's max_position_embeddings)
+    assert args[args.index("--max-model-len") + 1] == "202752"
+    proc = _argcheck(request)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed["attention_backend"] == "TRITON_MLA_SPARSE" and parsed["max_model_len"] == 202752
+
+
+def test_sparse_service_refuses_an_fp8_kv_cache(tmp_path: Path) -> None:
+    proc = _argcheck(_sparse_request(tmp_path, vllm_service_extra_args=["--kv-cache-dtype", "fp8"]))
+    assert proc.returncode == 2
+    assert "--kv-cache-dtype fp8: TRITON_MLA_SPARSE keeps a bf16/fp16 MLA cache" in proc.stderr

@@ -35,6 +35,9 @@ def _render_args(tmp_path: Path, **extra: object) -> dict[str, object]:
     base.mkdir(exist_ok=True)
     (base / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}\n")
     facts = {
+        # This venv's vLLM is unpatched (no TRITON_MLA_SPARSE): the dense service here;
+        # the sparse default is checked on the patched tree (devtests/ml/patches).
+        "vllm_service_attention": "dense",
         "model_gguf_path": str(tmp_path / "GLM-5-UD-Q4_K_XL-00001-of-00010.gguf"),
         "model_tokenizer_dir": str(base),
         "model_config_dir": str(base),

@@ -4,7 +4,8 @@ Usage: python vllm_argcheck.py '<JSON request>', the request being
   {"role_args": [...],        the arguments the role sets (after "serve")
    "extra_args": [...],       vllm_service_extra_args, appended after them
    "guarded_flags": {flag: role variable},  flags only the role may set
-   "max_model_len_cap": int | null}         index_topk, null = long context allowed
+   "max_model_len_cap": int | null,         index_topk (dense), null = no cap
+   "sparse": bool}            sparse attention: TRITON_MLA_SPARSE's limits apply
 GLM5_ARGCHECK_PLATFORM=cuda parses as on a CUDA host where no GPU is present.
 Exit 0 and one JSON line with the parsed values that matter, or exit 2 with the
 reasons: vLLM's own error (an unknown flag, a bad value, an unknown parser name),
@@ -144,10 +145,20 @@ def main() -> int:
         backend = AttentionConfig(backend=backend).backend
     except Exception as exc:
         errors.append(f"--attention-backend {args.attention_backend!r}: {exc}".splitlines()[0])
+    if request.get("sparse") and getattr(backend, "name", backend) == "TRITON_MLA_SPARSE":
+        # patch 0011's limits, refused before vLLM would at start (after the weights load)
+        if str(args.kv_cache_dtype) not in ("auto", "bfloat16", "float16"):
+            errors.append(
+                f"--kv-cache-dtype {args.kv_cache_dtype}: TRITON_MLA_SPARSE keeps a bf16/fp16 MLA cache "
+                "(an fp8 cache needs a quantized sparse MLA kernel; use dense attention for it)"
+            )
+        if getattr(args, "speculative_config", None):
+            errors.append("--speculative-config: TRITON_MLA_SPARSE takes one decode token per request")
     result = {
         "model": args.model_tag,
         "attention_backend": getattr(backend, "name", backend),
         "tensor_parallel_size": args.tensor_parallel_size,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "max_model_len": args.max_model_len,
         "served_model_name": args.served_model_name,
         "host": args.host,
