@@ -1,6 +1,7 @@
 #!/bin/bash
-# Run 5 (issue 13), serving call on the GPU validation machine. usage: serve.sh [b]
-# (b: the servers of b/servers.yml on the main fixture). Joins and checks the
+# Run 5 (issue 13), serving call on the GPU validation machine. usage: serve.sh [b|c|d]
+# (b, c: the servers of b/ and c/servers.yml on the main fixture; d: the sparse server
+# with d/fault-off-by-one.patch on top of the set). Joins and checks the
 # carried pieces, installs the lock's vLLM 0.20.2 stack into /root/site, applies the
 # project's patch set (0001-0011) with patch(1) as the role does, and starts the five
 # servers of servers.yml at once, each with the command line role vllm_service renders
@@ -22,6 +23,10 @@ el "installed"
 for p in "$REPO"/files/patches/vllm-0.20.2/*.patch; do
   patch -p1 -s -d /root/site < "$p" && echo "applied $(basename "$p")" || { echo "PATCH FAILED: $(basename "$p")"; exit 1; }
 done
+for f in "$R"/fault-*.patch; do
+  # run 5d: a fault on top of the set (a test double of a wrong selection)
+  [ -f "$f" ] && { patch -p1 -s -d /root/site < "$f" && echo "applied FAULT $(basename "$f")" || exit 1; }
+done
 PY3=$(command -v python3)
 mkdir -p /root/ml-env/bin
 printf '#!/bin/sh\nexport PYTHONPATH=/root/site${PYTHONPATH:+:$PYTHONPATH}\nexec %s "$@"\n' "$PY3" > /root/ml-env/bin/python
@@ -30,7 +35,7 @@ chmod 0755 /root/ml-env/bin/python /root/ml-env/bin/vllm
 /root/ml-env/bin/python -c "import vllm, torch, triton, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee $L/versions.txt
 mkdir -p /root/model /var/cache/vllm-glm-5 /var/lib/vllm-glm-5
 cp /root/p/gguf/*.gguf /root/model/; rm -rf /root/hf; cp -a /root/p/hf /root/hf
-if [ -n "$SET" ]; then
+if [ -d /root/stash/main ]; then
   # the main fixture (carried apart: c9-c11), its second shard in two pieces
   mkdir -p /root/model/main; rm -rf /root/hf-main; cp -a /root/stash/main/hf /root/hf-main
   cp /root/stash/main/*-00001-of-00002.gguf /root/model/main/
