@@ -85,5 +85,35 @@ for s in servers:
         (r.get("greedy") == g) if r.get("greedy") is not None else None
         for r, g in zip(report["servers"][s]["prompts"], sg, strict=True)
     ]
+# The end-to-end verdict: a server serves GLM-5's sparse attention when, at the positions
+# past index_topk of every long prompt, KL(llama.cpp || server) stays within 2x the spread
+# of the fp8-indexer reference (the worst a correct vLLM implementation shows). The
+# reference with an off-by-one selection (selection_fault="shift") and the dense
+# reference go through the same check: it must fail them, or it could not catch a fault.
+spread = max(d["kl_mean"] for d in report["oracles"]["reference-fp8-indexer vs llama.cpp"] if d)
+report["verdict_kl_max"] = round(2 * spread, 5)
+shifted = [model.forward(p["ids"], selection_fault="shift").logits for p in prompts]
+
+
+def verdict(kls: list[float]) -> str:
+    return "PASS" if kls and max(kls) <= 2 * spread else "FAIL"
+
+
+long = [k for k, p in enumerate(prompts) if len(p["ids"]) - 1 > topk]
+report["verdicts"] = {}
+for s in servers:
+    rows = report["servers"][s]["prompts"]
+    if any("error" in rows[k] for k in long):
+        report["verdicts"][s] = "NO RESULT (did not serve)"
+        continue
+    report["verdicts"][s] = verdict([rows[k]["vs llama.cpp, positions >= top-k"]["kl_mean"] for k in long])
+for name, rows in (("reference with off-by-one selection", shifted), ("dense reference", oracles["reference-dense"])):
+    kls = [
+        agreement(
+            rows[k][: len(prompts[k]["ids"]) - 1], oracles["llama.cpp"][k][: len(prompts[k]["ids"]) - 1], start=topk
+        ).kl_mean
+        for k in long
+    ]
+    report["verdicts"][name] = verdict(kls) + f" (KL {', '.join(f'{x:.3f}' for x in kls)})"
 out.write_text(json.dumps(report, indent=1) + "\n")
 print(json.dumps(report, indent=1))
