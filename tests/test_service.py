@@ -32,6 +32,11 @@ def test_unit_verifies(host, service):
     assert f"{service.unit}.service:" not in cmd.stderr
 
 
+def _backend(host) -> str:
+    """The --attention-backend of the inventory's vllm_service_attention (role default sparse)."""
+    return {"sparse": "TRITON_MLA_SPARSE", "dense": "TRITON_MLA"}[ansible_var(host, "vllm_service_attention", "sparse")]
+
+
 def test_unit_hardening_keeps_gpus_working(host, service):
     text = host.file(f"/etc/systemd/system/{service.unit}.service").content_string
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
@@ -42,9 +47,7 @@ def test_unit_hardening_keeps_gpus_working(host, service):
     active = [ln for ln in text.splitlines() if not ln.startswith("#")]
     for bad in FORBIDDEN:
         assert not any(ln.startswith(bad) for ln in active), bad
-    attention = ansible_var(host, "vllm_service_attention", "sparse")
-    backend = {"sparse": "TRITON_MLA_SPARSE", "dense": "TRITON_MLA"}[attention]
-    assert f"--attention-backend {backend} " in text
+    assert f"--attention-backend {_backend(host)} " in text
 
 
 def test_exposure_score(host, service):
@@ -125,8 +128,7 @@ def test_attention_backend_in_startup_log(host, service):
         pytest.skip("no GPU on this host: vLLM does not run here, its log has no backend line")
     inv = host.run(f"systemctl show -p InvocationID --value {service.unit}.service").stdout.strip()
     log = host.run(f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={inv}").stdout
-    attention = ansible_var(host, "vllm_service_attention", "sparse")
-    backend = {"sparse": "TRITON_MLA_SPARSE", "dense": "TRITON_MLA"}[attention]
+    backend = _backend(host)
     assert re.search(rf"AttentionBackendEnum\.{backend} backend", log), f"startup log does not show {backend}"
 
 

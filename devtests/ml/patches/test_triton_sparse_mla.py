@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import overlay
 import torch
+from service_request import argcheck_request
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -140,24 +141,32 @@ def _sparse_request(tmp_path: Path, **extra: object) -> dict[str, object]:
     """The role's argcheck request with its defaults (sparse attention)."""
     base = tmp_path / "base"
     base.mkdir(exist_ok=True)
-    facts = {"model_gguf_path": str(tmp_path / "GLM-5-UD-Q4_K_XL-00001-of-00010.gguf"),
-             "model_tokenizer_dir": str(base), "model_config_dir": str(base), **extra}
-    cmd = [str(ROOT / ".venv" / "bin" / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-o",
-           "-m", "ansible.builtin.debug", "-a", "var=vllm_service_argcheck_request",
-           "-e", "@roles/glm5/defaults/main/site.yml", "-e", "@roles/vllm_service/defaults/main.yml",
-           "-e", "@roles/vllm_service/vars/main.yml", "-e", json.dumps(facts)]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_CACHE_PLUGIN": "memory"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.split("=>", 1)[1])["vllm_service_argcheck_request"]
+    facts = {
+        "model_gguf_path": str(tmp_path / "GLM-5-UD-Q4_K_XL-00001-of-00010.gguf"),
+        "model_tokenizer_dir": str(base),
+        "model_config_dir": str(base),
+        **extra,
+    }
+    return argcheck_request(facts)
 
 
 def _argcheck(request: dict[str, object]) -> subprocess.CompletedProcess[str]:
     import conftest
 
-    env = {**os.environ, "GLM5_ARGCHECK_PLATFORM": "cuda", "VLLM_LOGGING_LEVEL": "ERROR",
-           "PYTHONPATH": str(conftest.PATCHED_SITE)}
-    return subprocess.run([sys.executable, str(ROOT / "roles/vllm_service/files/vllm_argcheck.py"),
-                           json.dumps(request)], env=env, capture_output=True, text=True, check=False, timeout=300)
+    env = {
+        **os.environ,
+        "GLM5_ARGCHECK_PLATFORM": "cuda",
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        "PYTHONPATH": str(conftest.PATCHED_SITE),
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "roles/vllm_service/files/vllm_argcheck.py"), json.dumps(request)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
 
 
 def test_service_default_is_sparse_and_parses_on_the_patched_tree(tmp_path: Path) -> None:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from service_request import argcheck_request
 
 ROOT = Path(__file__).resolve().parents[3]
-ANSIBLE = ROOT / ".venv" / "bin" / "ansible"
 CHECKER = ROOT / "roles" / "vllm_service" / "files" / "vllm_argcheck.py"
 
 pytest.importorskip("vllm")
@@ -44,20 +43,7 @@ def _render_args(tmp_path: Path, **extra: object) -> dict[str, object]:
         "model_chat_template_path": str(base / "chat_template.jinja"),
         **extra,
     }
-    cmd = [
-        str(ANSIBLE), "localhost", "-c", "local", "-i", "localhost,", "-o",
-        "-m", "ansible.builtin.debug", "-a", "var=vllm_service_argcheck_request",
-        "-e", "@roles/glm5/defaults/main/site.yml",
-        "-e", "@roles/vllm_service/defaults/main.yml",
-        "-e", "@roles/vllm_service/vars/main.yml",
-        "-e", json.dumps(facts),
-    ]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_CACHE_PLUGIN": "memory"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
-    payload = json.loads(out.split("=>", 1)[1])
-    request = payload["vllm_service_argcheck_request"]
-    assert isinstance(request, dict)
-    return request
+    return argcheck_request(facts)
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +117,19 @@ def test_checker_refuses(checker, tmp_path, capsys, extra, message):
         (["--chat-template-content-format", "openai"], "--chat-template-content-format"),
         (["--max-model-len", "2048"], "--max-model-len"),
     ],
-    ids=["max-model-len", "underscore-equals", "abbreviation", "tp-short", "backend", "host", "port",
-         "served-name", "api-key", "content-format", "same-value-still-refused"],
+    ids=[
+        "max-model-len",
+        "underscore-equals",
+        "abbreviation",
+        "tp-short",
+        "backend",
+        "host",
+        "port",
+        "served-name",
+        "api-key",
+        "content-format",
+        "same-value-still-refused",
+    ],
 )
 def test_extra_args_cannot_set_a_guarded_flag(checker, tmp_path, capsys, extra_args, flag):
     """The role sets these from its own variables; extra_args repeating one is refused."""
@@ -161,13 +158,12 @@ def test_config_file_does_not_beat_the_role_flags(checker, tmp_path, capsys):
     assert json.loads(out.strip().splitlines()[-1])["max_model_len"] == 2048
 
 
-@pytest.mark.parametrize(
-    ("allow", "accepted"), [(False, False), (True, True)], ids=["refused", "allowed"]
-)
+@pytest.mark.parametrize(("allow", "accepted"), [(False, False), (True, True)], ids=["refused", "allowed"])
 def test_parsed_max_model_len_above_index_topk(checker, tmp_path, capsys, allow, accepted):
     """The cap is applied to what vLLM parsed, not only to the variable."""
-    rc, out, err = checker(_render_args(tmp_path, vllm_service_max_model_len=4096,
-                                        vllm_service_allow_long_context=allow), capsys)
+    rc, out, err = checker(
+        _render_args(tmp_path, vllm_service_max_model_len=4096, vllm_service_allow_long_context=allow), capsys
+    )
     parsed = json.loads(out.strip().splitlines()[-1])
     assert parsed["max_model_len"] == 4096
     if accepted:
@@ -178,6 +174,7 @@ def test_parsed_max_model_len_above_index_topk(checker, tmp_path, capsys, allow,
 
 
 def test_unguarded_extra_args_accepted(checker, tmp_path, capsys):
-    rc, _out, err = checker(_render_args(tmp_path, vllm_service_extra_args=["--enable-prefix-caching",
-                                                                           "--max-num-seqs", "16"]), capsys)
+    rc, _out, err = checker(
+        _render_args(tmp_path, vllm_service_extra_args=["--enable-prefix-caching", "--max-num-seqs", "16"]), capsys
+    )
     assert rc == 0, err
