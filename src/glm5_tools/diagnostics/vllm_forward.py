@@ -1,0 +1,480 @@
+"""vLLM's own forward pass of a glm-dsa GGUF on the CPU, one prefill, with per-layer taps.
+
+The model is what ``vllm serve <gguf> --tokenizer <dir> --hf-config-path <dir>
+--attention-backend <backend>`` builds (tensor parallel 1): vLLM's config classes, its
+GGUF model loader (the patch set's mapping, dequantization and kv_b rebuild), the model
+class ``GlmMoeDsaForCausalLM`` (deepseek_v2.py), ``FusedMoE`` with its real router
+(grouped top-k, ``e_score_correction_bias``, ``routed_scaling_factor`` applied by the MoE
+runner), the MLA attention layer and the attention backend's own implementation:
+
+* ``TRITON_MLA`` (patch 0004's dense path): every prompt token is run as one decode
+  request of query length 1 whose context is the prompt up to it, all requests in one
+  forward over one shared block table, so the Triton MQA kernel (``decode_attention_fwd``,
+  the kernel the service runs for decode tokens) computes causal attention for every
+  position in one pass. Prefill tokens take FlashAttention on a GPU (CUDA only, no CPU
+  path): that kernel is not covered here (stage 5 checks it on a GPU).
+* ``TRITON_MLA_SPARSE`` (patch 0011): one prefill request, as the service runs it; the
+  indexer op, its top-k and the sparse MLA kernel are the backend's own.
+
+Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is
+imported). Where vLLM has CUDA code only, a CPU stand-in takes its place, named as such:
+
+* the GGUF matmul / MoE / embedding ops (``fused_mul_mat_gguf``, ``fused_moe_gguf``,
+  ``apply_gguf_embedding``): gguf-py dequantization of the layer's own loaded bytes and a
+  float32 matmul (stage 4's stand-ins, ``stage_layers.cpu_reference_matmul``,
+  ``stage_experts.cpu_reference_moe``);
+* the cache writes ``concat_and_cache_mla`` (MLA cache) and ``indexer_k_quant_and_cache``
+  (the indexer's fp8 key cache), written from their CUDA kernels' documented layout;
+* the GGUF dequantize op used at load time for the kv_b rebuild (``ggml_dequantize``).
+
+Everything else, the router included, is vLLM's Python/Triton code. ``torch.compile`` is
+off (``TORCHDYNAMO_DISABLE``): the same Python runs eagerly.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+BACKENDS = ("TRITON_MLA", "TRITON_MLA_SPARSE")
+BLOCK = 64  # page size of the MLA and indexer caches (the sparse backend's only one)
+
+
+def prepare_environment() -> None:
+    """Before vLLM or Triton is imported: Triton's interpreter, no torch.compile."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # vLLM disables Triton when no GPU driver is active, except with an empty
+    # CUDA_VISIBLE_DEVICES (a distributed worker before CUDA starts): the interpreter
+    # needs no driver
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+# --- CPU stand-ins for CUDA-only ops ---------------------------------------------------------
+
+_DEQUANT_CACHE: dict[tuple[int, tuple[int, ...], int], torch.Tensor] = {}
+
+
+def _dequant(raw: torch.Tensor, qtype: int) -> torch.Tensor:
+    """gguf-py's dequantization of raw GGUF rows [..., bytes] -> float32 [..., values]."""
+    import gguf
+
+    key = (raw.data_ptr(), tuple(raw.shape), int(qtype))
+    got = _DEQUANT_CACHE.get(key)
+    if got is None:
+        arr = raw.detach().cpu().numpy()
+        flat = np.ascontiguousarray(arr.reshape(-1, arr.shape[-1]))
+        out = gguf.quants.dequantize(flat, gguf.GGMLQuantizationType(int(qtype)))
+        got = torch.from_numpy(np.asarray(out, dtype=np.float32).reshape(*arr.shape[:-1], -1))
+        _DEQUANT_CACHE[key] = got
+    return got
+
+
+def standin_mul_mat_gguf(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int) -> torch.Tensor:
+    """CPU stand-in for vLLM's GGUF matmul op (CUDA only): x @ dequant(W)^T in float32."""
+    from vllm.model_executor.layers.quantization.gguf import UNQUANTIZED_TYPES
+
+    if x.shape[0] == 0:
+        return torch.empty(0, qweight.shape[0], dtype=x.dtype)
+    if qweight_type in UNQUANTIZED_TYPES:
+        w = qweight.float()
+    else:
+        w = _dequant(qweight, qweight_type)
+    return (x.float() @ w.T).to(x.dtype)
+
+
+def standin_moe_gguf(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, qtype1: int, qtype2: int, activation: str) -> torch.Tensor:
+    """CPU stand-in for vLLM's GGUF MoE op (CUDA only): stage 4's cpu_reference_moe with
+    the dequantized experts cached."""
+    if activation != "silu":
+        raise ValueError(f"standin_moe_gguf: activation {activation!r}, GLM-5 uses silu")
+    w13 = _dequant(w1, qtype1)
+    down = _dequant(w2, qtype2)
+    xf = x.float()
+    inter = w13.shape[1] // 2
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32)
+    for j in range(topk_ids.shape[1]):
+        for e in topk_ids[:, j].unique().tolist():
+            rows = (topk_ids[:, j] == e).nonzero().squeeze(1)
+            h = xf[rows] @ w13[e].T
+            act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+            out[rows] += topk_weights[rows, j, None].float() * (act @ down[e].T)
+    return out.to(x.dtype)
+
+
+def standin_gguf_embedding(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, hidden_size: int,
+                           dtype: torch.dtype | None = None) -> torch.Tensor:
+    """CPU stand-in for vLLM's GGUF embedding op (ggml_dequantize of the rows, CUDA only)."""
+    from vllm.model_executor.layers.quantization.gguf import UNQUANTIZED_TYPES
+
+    if qweight_type in UNQUANTIZED_TYPES:
+        return torch.embedding(qweight, x)
+    rows = _dequant(qweight, qweight_type)[x.flatten().long()]
+    return rows.to(dtype or torch.float32).view(*x.shape, hidden_size)
+
+
+def standin_ggml_dequantize(w: torch.Tensor, qtype: int, m: int, n: int, dtype: torch.dtype | None = None
+                            ) -> torch.Tensor:
+    """CPU stand-in for vLLM's ggml_dequantize op (CUDA only), [m, n]."""
+    return _dequant(w, qtype).reshape(m, n).to(dtype or torch.float16)
+
+
+def standin_concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+                                 slot_mapping: torch.Tensor, kv_cache_dtype: str, scale: torch.Tensor
+                                 ) -> None:
+    """CPU stand-in for vLLM's concat_and_cache_mla (CUDA only): row ``slot`` of the paged
+    cache [blocks, page, kv_lora + rope] gets [kv_c | k_pe]; slot -1 is padding (skipped)."""
+    if kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+        raise NotImplementedError(f"stand-in concat_and_cache_mla: kv_cache_dtype {kv_cache_dtype}")
+    flat = kv_cache.view(-1, kv_cache.shape[-1])
+    keep = slot_mapping >= 0
+    rows = torch.cat([kv_c, k_pe], dim=-1)[keep].to(kv_cache.dtype)
+    flat[slot_mapping[keep].long()] = rows
+
+
+def standin_indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                                      quant_block_size: int, scale_fmt: str | None) -> None:
+    """CPU stand-in for vLLM's indexer_k_quant_and_cache (CUDA only): per token, k [D] in
+    float8 e4m3 with one float32 scale per ``quant_block_size`` values (a power of two for
+    ue8m0), stored in a page [page, D + 4 * D/quant_block_size] of uint8: the page's D-byte
+    values first (token-major), then its scales."""
+    page = kv_cache.shape[1]
+    d = k.shape[-1]
+    nsc = d // quant_block_size
+    flat_cache = kv_cache.view(kv_cache.shape[0], -1)
+    for t in range(k.shape[0]):
+        slot = int(slot_mapping[t])
+        if slot < 0:
+            continue
+        b, o = divmod(slot, page)
+        x = k[t].float().reshape(nsc, quant_block_size)
+        amax = x.abs().amax(-1).clamp(min=1e-4)
+        sc = amax / 448.0
+        if scale_fmt == "ue8m0":
+            sc = torch.exp2(torch.ceil(torch.log2(sc)))
+        q = (x / sc[:, None]).to(torch.float8_e4m3fn).reshape(d)
+        flat_cache[b, o * d:(o + 1) * d] = q.view(torch.uint8)
+        base = page * d + o * 4 * nsc
+        flat_cache[b, base:base + 4 * nsc] = sc.to(torch.float32).view(torch.uint8)
+
+
+SERVICE_DTYPE = torch.bfloat16  # what the service runs (the backends accept fp16/bf16 only)
+SERVICE_CAPABILITY = (12, 0)  # RTX PRO 6000 Blackwell
+SERVICE_SM_COUNT = 188  # its streaming multiprocessors (the kernels' split counts read it)
+
+
+def standin_get_attn_backend_cls(selected_backend: Any, attn_selector_config: Any, num_heads: int | None = None
+                                 ) -> str:
+    """Stand-in for the CUDA platform's backend selection (no GPU here): the configured
+    backend, validated as CudaPlatform.get_attn_backend_cls validates a selected one, for
+    compute capability 12.0 and the service's dtype (bfloat16; the CPU run may compute in
+    float32, which the GPU backends do not list)."""
+    from vllm.platforms.interface import DeviceCapability
+
+    if selected_backend is None:
+        raise ValueError("vllm_forward: an attention backend must be configured (--attention-backend)")
+    cfg = attn_selector_config._replace(dtype=SERVICE_DTYPE)
+    reasons = selected_backend.get_class().validate_configuration(
+        device_capability=DeviceCapability(*SERVICE_CAPABILITY), **cfg._asdict())
+    if reasons:
+        raise ValueError(f"backend {selected_backend.name} refuses this configuration: {reasons}")
+    return str(selected_backend.get_path())
+
+
+@contextmanager
+def cpu_standins() -> Iterator[None]:
+    """Put the CPU stand-ins in place of vLLM's CUDA-only ops for the block."""
+    import vllm._custom_ops as ops
+    import vllm.model_executor.layers.quantization.gguf as vllm_gguf
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+
+    from glm5_tools.diagnostics.patching import replaced
+
+    from vllm.platforms import current_platform
+
+    with ExitStack() as stack:
+        stack.enter_context(replaced_attr(current_platform, "get_attn_backend_cls", standin_get_attn_backend_cls))
+        # buffers vLLM allocates "on the platform's device" (the indexer's top-k buffer)
+        stack.enter_context(replaced_attr(current_platform, "device_type", "cpu"))
+        stack.enter_context(replaced_attr(current_platform, "num_compute_units",
+                                          lambda device_id=0: SERVICE_SM_COUNT))
+        stack.enter_context(replaced(vllm_gguf, fused_mul_mat_gguf=standin_mul_mat_gguf,
+                                     fused_moe_gguf=standin_moe_gguf,
+                                     apply_gguf_embedding=standin_gguf_embedding))
+        # sparse_attn_indexer.py imports vllm._custom_ops as ops on CUDA platforms only
+        stack.enter_context(replaced_attr(sai, "ops", ops))
+        stack.enter_context(replaced(ops, concat_and_cache_mla=standin_concat_and_cache_mla,
+                                     ggml_dequantize=standin_ggml_dequantize,
+                                     indexer_k_quant_and_cache=standin_indexer_k_quant_and_cache))
+        yield
+
+
+@contextmanager
+def replaced_attr(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """obj.name = value for the block (an instance attribute; removed afterwards)."""
+    had = name in vars(obj)
+    old = vars(obj).get(name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, old)
+        else:
+            delattr(obj, name)
+
+
+# --- building the model -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    sock.close()
+    return port
+
+
+_DIST_READY = False
+
+
+def _init_single_rank() -> None:
+    global _DIST_READY
+    if _DIST_READY:
+        return
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+    initialize_model_parallel(1, 1)
+    _DIST_READY = True
+
+
+@dataclass
+class Taps:
+    """Per-layer values of one forward, [T, ...] float32 each (name -> tensor)."""
+
+    layers: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+
+class VllmCpuModel:
+    """vLLM's GlmMoeDsaForCausalLM loaded from a GGUF on the CPU, run one prompt at a time."""
+
+    def __init__(self, gguf: Path | str, hf_dir: Path | str, backend: str, *, max_model_len: int = 512,
+                 dtype: str = "float32") -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
+        prepare_environment()
+        from vllm.config import (
+            AttentionConfig,
+            CacheConfig,
+            CompilationConfig,
+            DeviceConfig,
+            LoadConfig,
+            ModelConfig,
+            SchedulerConfig,
+            VllmConfig,
+            set_current_vllm_config,
+        )
+        from vllm.model_executor.model_loader import get_model_loader
+
+        self.backend = backend
+        self.model_config = ModelConfig(model=str(gguf), tokenizer=str(hf_dir), hf_config_path=str(hf_dir),
+                                        dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
+                                        quantization="gguf")
+        self.vllm_config = VllmConfig(
+            model_config=self.model_config,
+            device_config=DeviceConfig(device="cpu"),
+            load_config=LoadConfig(load_format="gguf"),
+            cache_config=CacheConfig(block_size=BLOCK),
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=max_model_len, max_num_seqs=max_model_len,
+                                             max_model_len=max_model_len, is_encoder_decoder=False),
+            attention_config=AttentionConfig(backend=backend),
+            # vLLM's CustomOps (RMSNorm, RoPE, SiluAndMul, ...) take their forward_native,
+            # vLLM's own PyTorch path: their forward_cuda calls CUDA kernels
+            compilation_config=CompilationConfig(custom_ops=["none"]),
+        )
+        self._ctx = set_current_vllm_config(self.vllm_config)
+        self._ctx.__enter__()
+        _init_single_rank()
+        with cpu_standins(), torch.device("cpu"):
+            loader = get_model_loader(self.vllm_config.load_config)
+            self.model = loader.load_model(vllm_config=self.vllm_config, model_config=self.model_config)
+        self.model.eval()
+        self._indexer_ops_as_on_cuda()
+        self.dtype = self.model_config.dtype
+        self._attn_layers = self._attention_layers()
+        self._alloc_caches(max_model_len)
+
+    def _indexer_ops_as_on_cuda(self) -> None:
+        """SparseAttnIndexer's forward_native only dispatches to forward_cuda on a CUDA
+        platform (and raises elsewhere); forward_cuda is Python calling the Triton indexer
+        op (patch 0011): take it, as the CUDA platform does."""
+        from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+        for mod in self.model.modules():
+            if isinstance(mod, SparseAttnIndexer):
+                mod._forward_method = mod.forward_cuda
+
+    # the attention layers (MLAAttention) and, for the sparse path, the indexer caches
+    def _attention_layers(self) -> dict[str, Any]:
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+        ctx = self.vllm_config.compilation_config.static_forward_context
+        return {name: layer for name, layer in ctx.items() if isinstance(layer, AttentionLayerBase)}
+
+    def _alloc_caches(self, max_model_len: int) -> None:
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        self.num_blocks = (max_model_len + BLOCK - 1) // BLOCK + 1
+        self.specs = {}
+        for name, layer in self._attn_layers.items():
+            spec = layer.get_kv_cache_spec(self.vllm_config)
+            self.specs[name] = spec
+            if isinstance(layer, MLAAttention):
+                layer.kv_cache = torch.zeros(self.num_blocks, BLOCK, layer.head_size, dtype=self.dtype)
+            else:  # DSA indexer key cache (fp8 values + float32 scales, bytes)
+                layer.kv_cache = torch.zeros(self.num_blocks, BLOCK, spec.head_size, dtype=torch.uint8)
+
+    def _common_metadata(self, query_lens: list[int], seq_lens: list[int], block_table: torch.Tensor,
+                         slots: torch.Tensor) -> Any:
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        qsl = torch.tensor([0, *np.cumsum(query_lens).tolist()], dtype=torch.int32)
+        sl = torch.tensor(seq_lens, dtype=torch.int32)
+        return CommonAttentionMetadata(
+            query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=sl,
+            num_reqs=len(query_lens), num_actual_tokens=int(sum(query_lens)),
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+            block_table_tensor=block_table, slot_mapping=slots, causal=True,
+            _seq_lens_cpu=sl.clone(), seq_lens_cpu_upper_bound=sl.clone(),
+            _num_computed_tokens_cpu=sl - torch.tensor(query_lens, dtype=torch.int32),
+        )
+
+    def _metadata(self, t: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Per layer name: attention metadata for a prompt of t tokens, built by the
+        backends' own metadata builders, and the slot mapping (position p -> slot p)."""
+        nblk = (t + BLOCK - 1) // BLOCK
+        # blocks in reverse order so that a block-table fault cannot pass by identity
+        blocks = torch.arange(self.num_blocks - 1, self.num_blocks - 1 - nblk, -1, dtype=torch.int32)
+        pos = torch.arange(t)
+        slots = (blocks[pos // BLOCK].long() * BLOCK + pos % BLOCK).to(torch.int64)
+        if self.backend == "TRITON_MLA":
+            # every position as one decode request: query 1 token, context positions 0..p
+            cm = self._common_metadata([1] * t, [p + 1 for p in range(t)],
+                                       blocks[None, :].expand(t, nblk).contiguous(), slots)
+        else:
+            cm = self._common_metadata([t], [t], blocks[None, :].contiguous(), slots)
+        metadata: dict[str, Any] = {}
+        builders: dict[tuple[type, int], Any] = {}
+        for name, layer in self._attn_layers.items():
+            spec = self.specs[name]
+            cls = layer.get_attn_backend().get_builder_cls()
+            key = (cls, id(type(spec)))
+            if key not in builders:
+                builders[key] = cls(spec, [name], self.vllm_config, torch.device("cpu"))
+            metadata[name] = builders[key].build(common_prefix_len=0, common_attn_metadata=cm)
+        return metadata, {name: slots for name in self._attn_layers}
+
+    def forward(self, tokens: list[int], *, taps: Taps | None = None) -> torch.Tensor:
+        """Logits [T, V] (float32) of one prompt; per-layer values into taps."""
+        from vllm.forward_context import set_forward_context
+
+        t = len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.long)
+        positions = torch.arange(t, dtype=torch.long)
+        for layer in self._attn_layers.values():
+            layer.kv_cache.zero_()
+        hooks = _install_taps(self.model, taps) if taps is not None else []
+        try:
+            with torch.no_grad(), cpu_standins():
+                metadata, slot_mapping = self._metadata(t)
+                with set_forward_context(metadata, self.vllm_config, num_tokens=t, slot_mapping=slot_mapping):
+                    hidden = self.model(input_ids=ids, positions=positions, intermediate_tensors=None)
+                    logits = self.model.compute_logits(hidden)
+        finally:
+            for h in hooks:
+                h.remove()
+        return logits[:, : self.model_config.hf_config.vocab_size].float()
+
+
+def _install_taps(model: torch.nn.Module, taps: Taps) -> list[Any]:
+    """Forward hooks on the decoder layers' sub-blocks; each layer's values go to
+    taps.layers[i]: attn_norm, attn (after o_proj), ffn_norm, mlp (dense or MoE output),
+    and for MoE layers router_logits, topk_ids, topk_weights (as the router returns them,
+    before the runner's routed scaling), shared (shared expert), routed (mlp - shared),
+    then out (the residual stream after the layer)."""
+    hooks: list[Any] = []
+    layers = model.model.layers
+    taps.layers = [{} for _ in layers]
+
+    def put(i: int, name: str, value: torch.Tensor) -> None:
+        taps.layers[i][name] = value.detach().float().clone()
+
+    for i, layer in enumerate(layers):
+        def pre_norm(mod: Any, args: tuple[Any, ...], out: Any, i: int = i) -> None:
+            put(i, "attn_norm", out[0] if isinstance(out, tuple) else out)
+
+        def attn(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, i: int = i) -> None:
+            put(i, "attn", out)
+
+        def post_norm(mod: Any, args: tuple[Any, ...], out: Any, i: int = i) -> None:
+            put(i, "ffn_norm", out[0] if isinstance(out, tuple) else out)
+
+        def mlp(mod: Any, args: tuple[Any, ...], out: Any, i: int = i) -> None:
+            put(i, "mlp", out)
+            if "shared" in taps.layers[i]:
+                taps.layers[i]["routed"] = taps.layers[i]["mlp"] - taps.layers[i]["shared"]
+
+        def block(mod: Any, args: tuple[Any, ...], out: Any, i: int = i) -> None:
+            hidden, residual = out
+            put(i, "out", hidden + residual)
+
+        hooks.append(layer.input_layernorm.register_forward_hook(pre_norm))
+        hooks.append(layer.self_attn.register_forward_hook(attn, with_kwargs=True))
+        hooks.append(layer.post_attention_layernorm.register_forward_hook(post_norm))
+        hooks.append(layer.mlp.register_forward_hook(mlp))
+        hooks.append(layer.register_forward_hook(block))
+        moe = layer.mlp
+        if hasattr(moe, "experts") and hasattr(moe, "gate"):
+            def gate(mod: Any, args: tuple[Any, ...], out: Any, i: int = i) -> None:
+                put(i, "router_logits", out[0] if isinstance(out, tuple) else out)
+
+            def shared(mod: Any, args: tuple[Any, ...], out: Any, i: int = i) -> None:
+                put(i, "shared", out)
+
+            hooks.append(moe.gate.register_forward_hook(gate))
+            if moe.shared_experts is not None:
+                hooks.append(moe.shared_experts.register_forward_hook(shared))
+            router = moe.experts.router
+            real = router.select_experts
+
+            def select(*args: Any, i: int = i, real: Any = real, **kwargs: Any) -> Any:
+                weights, ids = real(*args, **kwargs)
+                put(i, "topk_weights", weights)
+                taps.layers[i]["topk_ids"] = ids.detach().clone().long()
+                return weights, ids
+
+            router.select_experts = select
+            hooks.append(_Restore(router, "select_experts"))
+    return hooks
+
+
+class _Restore:
+    """A hook-like handle that deletes an instance attribute on remove()."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def remove(self) -> None:
+        self.obj.__dict__.pop(self.name, None)
