@@ -233,14 +233,17 @@ class GlmDsaReference:
         up = x @ self.w(f"{prefix}.ffn_up{suffix}.weight").T
         return (torch.nn.functional.silu(gate) * up) @ self.w(f"{prefix}.ffn_down{suffix}.weight").T
 
-    def _moe(self, x: torch.Tensor, il: int) -> torch.Tensor:
+    def _moe(self, x: torch.Tensor, il: int, tap: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         hp, p = self.hp, f"blk.{il}"
-        probs = torch.sigmoid(x @ self.w(f"{p}.ffn_gate_inp.weight").T)  # [T, E]
+        router_logits = x @ self.w(f"{p}.ffn_gate_inp.weight").T
+        probs = torch.sigmoid(router_logits)  # [T, E]
         choose = probs + self.w(f"{p}.exp_probs_b.bias") if self.has(f"{p}.exp_probs_b.bias") else probs
         sel = choose.topk(hp.n_expert_used, dim=-1).indices  # [T, k]
         wts = probs.gather(1, sel)
         if hp.expert_weights_norm:
             wts = wts / wts.sum(-1, keepdim=True)
+        if tap is not None:
+            tap.update(router_logits=router_logits, topk_ids=sel, topk_weights=wts.clone(), choice_scores=choose)
         wts = wts * hp.expert_weights_scale
         gate, up, down = (self.w(f"{p}.ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
         out = torch.zeros_like(x)
@@ -250,7 +253,10 @@ class GlmDsaReference:
                 xe = x[rows]
                 h = torch.nn.functional.silu(xe @ gate[e].T) * (xe @ up[e].T)
                 out[rows] += wts[rows, j, None] * (h @ down[e].T)
-        return out + self._ffn(x, p, "_shexp")
+        shared = self._ffn(x, p, "_shexp")
+        if tap is not None:
+            tap.update(routed=out, shared=shared)
+        return out + shared
 
     def _attention(
         self, x: torch.Tensor, il: int, attention: Attention, fault: SelectionFault
@@ -312,27 +318,37 @@ class GlmDsaReference:
         attention: Attention = "sparse",
         selection_fault: SelectionFault = "none",
         keep_trace: bool = False,
+        taps: list[dict[str, torch.Tensor]] | None = None,
     ) -> Forward:
+        """``taps``: if given, filled with one dict per layer of its sub-blocks' values
+        (attn_norm, attn, ffn_norm, mlp, out; MoE layers also router_logits, topk_ids,
+        topk_weights (normalized, before expert_weights_scale), choice_scores, routed
+        (scaled), shared), as vllm_forward's taps name them."""
         if not tokens:
             raise ValueError("empty prompt")
         with torch.no_grad():
-            return self._forward(tokens, attention, selection_fault, keep_trace)
+            return self._forward(tokens, attention, selection_fault, keep_trace, taps)
 
     def _forward(
-        self, tokens: list[int], attention: Attention, selection_fault: SelectionFault, keep_trace: bool
+        self, tokens: list[int], attention: Attention, selection_fault: SelectionFault, keep_trace: bool,
+        taps: list[dict[str, torch.Tensor]] | None = None,
     ) -> Forward:
         hp = self.hp
         x = self.w("token_embd.weight")[torch.tensor(tokens, dtype=torch.long)]
         traces: list[LayerTrace] = []
         for il in range(hp.n_layer):
-            a, trace = self._attention(
-                rms_norm(x, self.w(f"blk.{il}.attn_norm.weight"), hp.rms_eps), il, attention, selection_fault
-            )
+            tap: dict[str, torch.Tensor] | None = {} if taps is not None else None
+            normed = rms_norm(x, self.w(f"blk.{il}.attn_norm.weight"), hp.rms_eps)
+            a, trace = self._attention(normed, il, attention, selection_fault)
             if keep_trace:
                 traces.append(trace)
             x = x + a
             h = rms_norm(x, self.w(f"blk.{il}.ffn_norm.weight"), hp.rms_eps)
-            x = x + (self._ffn(h, f"blk.{il}") if il < hp.n_dense else self._moe(h, il))
+            m = self._ffn(h, f"blk.{il}") if il < hp.n_dense else self._moe(h, il, tap)
+            x = x + m
+            if tap is not None and taps is not None:
+                tap.update(attn_norm=normed, attn=a, ffn_norm=h, mlp=m, out=x)
+                taps.append(tap)
         x = rms_norm(x, self.w("output_norm.weight"), hp.rms_eps)
         out = self.w("output.weight") if self.has("output.weight") else self.w("token_embd.weight")
         return Forward(logits=x @ out.T, layers=traces)

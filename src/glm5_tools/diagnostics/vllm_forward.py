@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import socket
+import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -61,21 +62,27 @@ def prepare_environment() -> None:
 
 # --- CPU stand-ins for CUDA-only ops ---------------------------------------------------------
 
-_DEQUANT_CACHE: dict[tuple[int, tuple[int, ...], int], torch.Tensor] = {}
+# Dequantized weights of the model's own parameters (kept while the parameter lives);
+# temporaries (a merged layer's shard sliced per call) are dequantized every time, never
+# cached by address, which a later temporary can reuse.
+_DEQUANT_CACHE: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
 
 
 def _dequant(raw: torch.Tensor, qtype: int) -> torch.Tensor:
     """gguf-py's dequantization of raw GGUF rows [..., bytes] -> float32 [..., values]."""
     import gguf
 
-    key = (raw.data_ptr(), tuple(raw.shape), int(qtype))
-    got = _DEQUANT_CACHE.get(key)
-    if got is None:
-        arr = raw.detach().cpu().numpy()
-        flat = np.ascontiguousarray(arr.reshape(-1, arr.shape[-1]))
-        out = gguf.quants.dequantize(flat, gguf.GGMLQuantizationType(int(qtype)))
-        got = torch.from_numpy(np.asarray(out, dtype=np.float32).reshape(*arr.shape[:-1], -1))
-        _DEQUANT_CACHE[key] = got
+    cacheable = isinstance(raw, torch.nn.Parameter)
+    if cacheable:
+        hit = _DEQUANT_CACHE.get(id(raw))
+        if hit is not None and hit[0]() is raw and hit[1] == int(qtype):
+            return hit[2]
+    arr = raw.detach().cpu().numpy()
+    flat = np.ascontiguousarray(arr.reshape(-1, arr.shape[-1]))
+    out = gguf.quants.dequantize(flat, gguf.GGMLQuantizationType(int(qtype)))
+    got = torch.from_numpy(np.asarray(out, dtype=np.float32).reshape(*arr.shape[:-1], -1))
+    if cacheable:
+        _DEQUANT_CACHE[id(raw)] = (weakref.ref(raw), int(qtype), got)
     return got
 
 
