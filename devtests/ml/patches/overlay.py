@@ -46,7 +46,8 @@ def make_overlay(dest: Path, applied: list[Path]) -> Path:
     """A site dir at dest whose vllm/ is the installed one plus the given patches."""
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-as", str(INSTALLED / "vllm"), str(dest / "vllm")], check=True)
-    for rel in targets():
+    # real copies of every file the patch set or the given patches (a fault) change
+    for rel in sorted(set(targets()) | set(targets(applied))):
         link = dest / rel
         link.unlink()
         shutil.copy2(INSTALLED / rel, link)

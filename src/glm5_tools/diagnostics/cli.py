@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> list[StageResult]:
     cfg = load_config(Path(args.hf_config))
     device = _device(args.device)
     stages = {int(s) for s in args.stages.split(",")}
-    if not stages <= set(range(1, 8)):
-        raise ValueError(f"--stages {args.stages}: stages are 1-7")
+    if not stages <= set(range(1, 9)):
+        raise ValueError(f"--stages {args.stages}: stages are 1-8")
     tensors, meta = read_tensors(Path(args.gguf)) if stages & {1, 2, 3, 4} else ({}, {})
     arch = str(meta.get("general.architecture", "glm-dsa"))
     results: list[StageResult] = []
@@ -76,6 +76,17 @@ def run(args: argparse.Namespace) -> list[StageResult]:
                                            api_key_env=args.api_key_env))
     if 7 in stages:
         results.append(stage_sparse.run_stage(Path(args.gguf), selection_fault=args.selection_fault))
+    if 8 in stages:
+        from glm5_tools.diagnostics import stage_forward
+
+        cfg_dir = Path(args.hf_config)
+        cfg_dir = cfg_dir if cfg_dir.is_dir() else cfg_dir.parent
+        lengths = [int(n) for n in args.forward_lengths.split(",") if n.strip()]
+        if not lengths or min(lengths) < 2:
+            raise ValueError(f"--forward-lengths {args.forward_lengths}: prompt lengths of at least 2 tokens")
+        for backend in args.forward_backend.split(","):
+            results.append(stage_forward.run_stage(Path(args.gguf), cfg_dir, backend=backend.strip(),
+                                                   lengths=lengths))
     return results
 
 
@@ -94,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--selection-fault", default="none", choices=("none", "shift", "causal", "rope_halves"),
                    help="stage 7: inject a sparse-attention selection fault into the candidate "
                         "(shows the stage failing)")
+    p.add_argument("--forward-backend", default="TRITON_MLA_SPARSE",
+                   help="stage 8: the attention backend(s) vLLM runs, comma-separated "
+                        "(TRITON_MLA_SPARSE, TRITON_MLA)")
+    p.add_argument("--forward-lengths", default="24,64",
+                   help="stage 8: prompt lengths in tokens, comma-separated (use some above index_topk "
+                        "for the sparse path)")
     args = p.parse_args(argv)
     try:
         results = run(args)

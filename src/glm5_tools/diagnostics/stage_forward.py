@@ -47,12 +47,17 @@ MAX_GGUF_BYTES = 2 * 1024**3
 # measured <= 6e-3): their bound is 2e-2.
 FLOAT32_TOLERANCE = 1e-4
 ROUTED_TOLERANCE = 2e-2
-TOLERANCES = {"attn_norm": FLOAT32_TOLERANCE, "attn": FLOAT32_TOLERANCE, "ffn_norm": FLOAT32_TOLERANCE,
+# The indexer's top-k: vLLM's selection must be the reference's (same fp8 rounding) except
+# at ties (keys whose reference scores are within SELECTION_TIE, relative); measured: equal.
+SELECTION_TIE = 1e-5
+TOLERANCES = {"attn_norm": FLOAT32_TOLERANCE, "selection": 0.0, "attn": FLOAT32_TOLERANCE,
+              "ffn_norm": FLOAT32_TOLERANCE,
               "router": ROUTED_TOLERANCE, "routed": ROUTED_TOLERANCE, "shared": FLOAT32_TOLERANCE,
               "mlp": ROUTED_TOLERANCE, "out": FLOAT32_TOLERANCE}
-SUBBLOCKS = ("attn_norm", "attn", "ffn_norm", "router", "routed", "shared", "mlp", "out")
+SUBBLOCKS = ("attn_norm", "selection", "attn", "ffn_norm", "router", "routed", "shared", "mlp", "out")
 LABELS = {
     "attn_norm": "attention input norm (attn_norm)",
+    "selection": "sparse attention top-k selection (indexer)",
     "attn": "attention (MLA, after o_proj)",
     "ffn_norm": "ffn input norm (ffn_norm)",
     "router": "router",
@@ -66,10 +71,12 @@ LABELS = {
 # flip (sigmoid' <= 1/4, times a bfloat16 rounding of logits of size <= ~8).
 ROUTER_TIE = 1e-2
 
-# Logits against llama.cpp: llama.cpp quantizes activations to 8 bits for its K-quant
-# matmuls and keeps f16 caches; docs/diagnostics.md has the measured clean values.
-KL_TOLERANCE = 0.02
-TOP1_MIN = 0.9
+# Logits against llama.cpp (every position): llama.cpp quantizes activations to 8 bits for
+# its K-quant matmuls and keeps f16 caches. Clean, vLLM measured KL <= 0.0114 and top-1
+# >= 0.906 on the tiny fixtures, equal to the float32 reference's own (docs/diagnostics.md);
+# stage 7's bound for that spread is 0.03. The per-layer checks are the precise ones.
+KL_TOLERANCE = 0.03
+TOP1_MIN = 0.8
 
 LlamaLogits = Callable[[Path, list[int]], torch.Tensor]
 
@@ -111,6 +118,37 @@ def _router(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tupl
     return err, f"expert choice equal, weights rel err {err:.3g}"
 
 
+def _selection(got: torch.Tensor, chosen: torch.Tensor, scores: torch.Tensor | None
+               ) -> tuple[float, str, torch.Tensor]:
+    """vLLM's top-k (request-local positions, -1 for none) against the reference's
+    selection of the same scores: (fraction of tokens whose selection differs beyond a tie,
+    detail, the tokens whose selections are equal)."""
+    t = chosen.shape[0]
+    equal = torch.zeros(t, dtype=torch.bool)
+    bad = []
+    for i in range(t):
+        mine = {int(j) for j in got[i].tolist() if j >= 0}
+        want = set(torch.nonzero(chosen[i]).squeeze(1).tolist())
+        if mine == want:
+            equal[i] = True
+            continue
+        tie = False
+        if scores is not None and len(mine) == len(want):
+            s = scores[i]
+            edge = min(float(s[j]) for j in want)
+            tie = all(abs(float(s[j]) - edge) <= SELECTION_TIE * max(1.0, abs(edge)) for j in mine ^ want)
+        if not tie:
+            bad.append(i)
+    if bad:
+        i = bad[0]
+        got_i = {int(j) for j in got[i].tolist() if j >= 0}
+        want_i = set(torch.nonzero(chosen[i]).squeeze(1).tolist())
+        only_v, only_r = sorted(got_i - want_i), sorted(want_i - got_i)
+        return (len(bad) / t, f"top-k selection differs at {len(bad)} of {t} tokens (token {i}: only vLLM "
+                f"{only_v[:6]}, only reference {only_r[:6]}; {len(got_i)} vs {len(want_i)} keys)", equal)
+    return 0.0, f"top-k selection equal at {int(equal.sum())} of {t} tokens (the rest ties)", equal
+
+
 def _check(block: str, got: dict[str, torch.Tensor], want: torch.Tensor) -> tuple[float, str]:
     if block not in got:
         return float("inf"), "not tapped in vLLM"
@@ -137,8 +175,19 @@ def compare_layers(got: list[dict[str, torch.Tensor]], ref: GlmDsaReference, tok
             results.append(("attn_norm", *_check("attn_norm", g, rms_norm(x, ref.w(f"{p}.attn_norm.weight"),
                                                                           hp.rms_eps))))
             a_in = g.get("attn_norm", x)
-            ref_attn, _ = ref._attention(a_in, i, attention, "none")  # type: ignore[arg-type]
-            results.append(("attn", *_check("attn", g, ref_attn)))
+            ref_attn, trace = ref._attention(a_in, i, attention, "none")  # type: ignore[arg-type]
+            rows = torch.ones(len(tokens), dtype=torch.bool)
+            if attention != "dense":
+                if "topk_indices" not in g:
+                    results.append(("selection", float("inf"), "vLLM's indexer was not called"))
+                else:
+                    measured, detail, rows = _selection(g["topk_indices"], trace.chosen, trace.scores)
+                    results.append(("selection", measured, detail))
+            if "attn" in g and bool(rows.any()):
+                err = _rel(g["attn"][rows], ref_attn[rows])
+                results.append(("attn", err, f"rel err {err:.3g}"))
+            else:
+                results.append(("attn", *_check("attn", g, ref_attn)))
             mid = x + g.get("attn", ref_attn)
             results.append(("ffn_norm", *_check("ffn_norm", g, rms_norm(mid, ref.w(f"{p}.ffn_norm.weight"),
                                                                        hp.rms_eps))))
@@ -167,7 +216,7 @@ def compare_layers(got: list[dict[str, torch.Tensor]], ref: GlmDsaReference, tok
         for block, measured, detail in results:
             tol = TOLERANCES[block]
             parts.append(f"{block} {measured:.2e}")
-            worst = max(worst, measured / tol)
+            worst = max(worst, measured / tol if tol > 0 else (0.0 if measured == 0 else float("inf")))
             if first is None and not measured <= tol:
                 first = Divergence(i, block, measured, f"{detail} (tolerance {tol:g})")
         lines.append(f"layer {i}: " + ", ".join(parts))
@@ -212,9 +261,13 @@ def compare_prompt(model: object, ref: GlmDsaReference, gguf: Path, tokens: list
                         worst, lines, first)
 
 
-def run_stage(gguf: Path, hf_dir: Path, *, backend: str = "TRITON_MLA", lengths: Sequence[int] = (16,),
+def run_stage(gguf: Path, hf_dir: Path, *, backend: str = "TRITON_MLA_SPARSE", lengths: Sequence[int] = (24, 64),
               seed: int = 0, llama: LlamaLogits | None = None) -> StageResult:
     name = f"{NAME} ({backend})"
+    from glm5_tools.diagnostics.vllm_forward import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r}: stage 8 runs {', '.join(BACKENDS)}")
     files = gguf_files(gguf)
     size = sum(f.stat().st_size for f in files)
     if size > MAX_GGUF_BYTES:

@@ -23,6 +23,8 @@ imported). Where vLLM has CUDA code only, a CPU stand-in takes its place, named 
   ``apply_gguf_embedding``): gguf-py dequantization of the layer's own loaded bytes and a
   float32 matmul (stage 4's stand-ins, ``stage_layers.cpu_reference_matmul``,
   ``stage_experts.cpu_reference_moe``);
+* the indexer's query quantization ``per_token_group_fp8_quant`` (vLLM's Triton fallback
+  for it rounds wrongly in Triton's interpreter: ``standin_per_token_group_quant_fp8``);
 * the cache writes ``concat_and_cache_mla`` (MLA cache) and ``indexer_k_quant_and_cache``
   (the indexer's fp8 key cache), written from their CUDA kernels' documented layout;
 * the GGUF dequantize op used at load time for the kv_b rebuild (``ggml_dequantize``).
@@ -92,10 +94,7 @@ def standin_mul_mat_gguf(x: torch.Tensor, qweight: torch.Tensor, qweight_type: i
 
     if x.shape[0] == 0:
         return torch.empty(0, qweight.shape[0], dtype=x.dtype)
-    if qweight_type in UNQUANTIZED_TYPES:
-        w = qweight.float()
-    else:
-        w = _dequant(qweight, qweight_type)
+    w = qweight.float() if qweight_type in UNQUANTIZED_TYPES else _dequant(qweight, qweight_type)
     return (x.float() @ w.T).to(x.dtype)
 
 
@@ -175,6 +174,28 @@ def standin_indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor, s
         flat_cache[b, base:base + 4 * nsc] = sc.to(torch.float32).view(torch.uint8)
 
 
+def standin_per_token_group_quant_fp8(x: torch.Tensor, group_size: int, eps: float = 1e-10,
+                                      dtype: torch.dtype | None = None, column_major_scales: bool = False,
+                                      tma_aligned_scales: bool = False, out_q: torch.Tensor | None = None,
+                                      use_ue8m0: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU stand-in for the CUDA op per_token_group_fp8_quant that the indexer's query
+    quantization (per_token_group_quant_fp8) runs on a GPU: per group of ``group_size``
+    values a scale max(amax, eps) / 448 (rounded up to a power of two for ue8m0), values
+    rounded to float8 e4m3 by torch. vLLM's Triton fallback is not used here: Triton 3.6's
+    interpreter drops the exponent carry when rounding to float8 (124.0 -> 64.0, 31.5 ->
+    16.0; the GPU rounds to 128 and 32), which would corrupt 2 % of the query values."""
+    if column_major_scales or tma_aligned_scales or out_q is not None:
+        raise NotImplementedError("stand-in per_token_group_quant_fp8: row-major scales only")
+    fp8 = dtype or torch.float8_e4m3fn
+    fmax = float(torch.finfo(fp8).max)
+    g = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
+    scale = g.abs().amax(-1).clamp(min=eps) / fmax
+    if use_ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    q = (g / scale[..., None]).clamp(-fmax, fmax).to(fp8).reshape(x.shape)
+    return q, scale
+
+
 SERVICE_DTYPE = torch.bfloat16  # what the service runs (the backends accept fp16/bf16 only)
 SERVICE_CAPABILITY = (12, 0)  # RTX PRO 6000 Blackwell
 SERVICE_SM_COUNT = 188  # its streaming multiprocessors (the kernels' split counts read it)
@@ -204,10 +225,10 @@ def cpu_standins() -> Iterator[None]:
     import vllm._custom_ops as ops
     import vllm.model_executor.layers.quantization.gguf as vllm_gguf
     import vllm.model_executor.layers.sparse_attn_indexer as sai
+    import vllm.model_executor.models.deepseek_v2 as dv2
+    from vllm.platforms import current_platform
 
     from glm5_tools.diagnostics.patching import replaced
-
-    from vllm.platforms import current_platform
 
     with ExitStack() as stack:
         stack.enter_context(replaced_attr(current_platform, "get_attn_backend_cls", standin_get_attn_backend_cls))
@@ -215,6 +236,7 @@ def cpu_standins() -> Iterator[None]:
         stack.enter_context(replaced_attr(current_platform, "device_type", "cpu"))
         stack.enter_context(replaced_attr(current_platform, "num_compute_units",
                                           lambda device_id=0: SERVICE_SM_COUNT))
+        stack.enter_context(replaced(dv2, per_token_group_quant_fp8=standin_per_token_group_quant_fp8))
         stack.enter_context(replaced(vllm_gguf, fused_mul_mat_gguf=standin_mul_mat_gguf,
                                      fused_moe_gguf=standin_moe_gguf,
                                      apply_gguf_embedding=standin_gguf_embedding))
@@ -447,6 +469,14 @@ def _install_taps(model: torch.nn.Module, taps: Taps) -> list[Any]:
             hidden, residual = out
             put(i, "out", hidden + residual)
 
+        indexer = getattr(layer.self_attn, "indexer", None)
+        if indexer is not None:
+            def selection(mod: Any, args: tuple[Any, ...], out: Any, i: int = i) -> None:
+                # request-local key positions per token (-1: none), as the indexer op wrote them
+                t = args[0].shape[0]
+                taps.layers[i]["topk_indices"] = out[:t].detach().clone().long()
+
+            hooks.append(indexer.register_forward_hook(selection))
         hooks.append(layer.input_layernorm.register_forward_hook(pre_norm))
         hooks.append(layer.self_attn.register_forward_hook(attn, with_kwargs=True))
         hooks.append(layer.post_attention_layernorm.register_forward_hook(post_norm))
