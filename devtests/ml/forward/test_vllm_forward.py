@@ -38,51 +38,102 @@ needs = pytest.mark.skipif(not (MAIN / Q4).exists() or not (TOPK32 / Q4).exists(
                            reason="tiny GLM-5 fixtures not built (scripts/make-tiny-glm5 [--index-topk 32 --no-split])")
 
 
-def _stage(fixture: Path, backend: str, lengths: tuple[int, ...]):
+# --- the comparison's pieces, on numbers small enough to check by hand ---------------------
+
+
+def _router_tap(ids: list[list[int]], choice: list[list[float]], logits: list[list[float]]) -> dict:
+    import torch
+
+    return {"topk_ids": torch.tensor(ids), "choice_scores": torch.tensor(choice),
+            "router_logits": torch.tensor(logits), "topk_weights": torch.full((len(ids), len(ids[0])), 0.5)}
+
+
+def test_router_check_excuses_a_bfloat16_tie_and_names_a_real_difference():
+    from glm5_tools.diagnostics.stage_forward import _router
+
+    logits = [[4.0, 0.0, 0.0, 0.0]]
+    want = _router_tap([[0, 1]], [[0.9, 0.5, 0.5 - 1e-4, 0.1]], logits)
+    tie = _router_tap([[0, 2]], [[0.9, 0.5, 0.5 - 1e-4, 0.1]], logits)
+    assert _router(tie, want)[0] == 0.0  # 1e-4 < 2^-9 * 4: one bfloat16 rounding
+    wrong = _router_tap([[0, 3]], [[0.9, 0.5, 0.49, 0.1]], logits)
+    measured, detail = _router(wrong, want)
+    assert measured == float("inf") and "vLLM [0, 3], reference [0, 1]" in detail
+
+
+def test_selection_check_names_a_shifted_top_k():
+    import torch
+
+    from glm5_tools.diagnostics.dsa_reference import causal_mask, shift_selection
+    from glm5_tools.diagnostics.stage_forward import _selection
+
+    t = 6
+    chosen = causal_mask(t) & (torch.arange(t)[None, :] >= torch.arange(t)[:, None] - 1)  # last two keys
+    scores = torch.arange(t * t, dtype=torch.float32).reshape(t, t)
+    as_indices = torch.tensor([[j for j in range(t) if chosen[i, j]] + [-1] * (t - int(chosen[i].sum()))
+                               for i in range(t)])
+    assert _selection(as_indices, chosen, scores)[0] == 0.0
+    shifted = shift_selection(chosen, causal_mask(t))
+    shifted_idx = torch.tensor([[j for j in range(t) if shifted[i, j]] + [-1] * (t - int(shifted[i].sum()))
+                                for i in range(t)])
+    measured, detail, equal = _selection(shifted_idx, chosen, scores)
+    assert measured > 0 and "top-k selection differs" in detail and not bool(equal.all())
+
+
+@pytest.fixture(scope="module")
+def sparse_model():
+    from glm5_tools.diagnostics.vllm_forward import VllmCpuModel
+
+    return VllmCpuModel(TOPK32 / Q4, TOPK32 / "hf", "TRITON_MLA_SPARSE", max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def dense_model():
+    from glm5_tools.diagnostics.vllm_forward import VllmCpuModel
+
+    return VllmCpuModel(MAIN / Q4, MAIN / "hf", "TRITON_MLA", max_model_len=256)
+
+
+def _stage(fixture: Path, backend: str, lengths: tuple[int, ...], model: object):
     from glm5_tools.diagnostics import stage_forward
 
-    result = stage_forward.run_stage(fixture / Q4, fixture / "hf", backend=backend, lengths=lengths)
+    result = stage_forward.run_stage(fixture / Q4, fixture / "hf", backend=backend, lengths=lengths, model=model)
     print("\n".join(result.details))
     return result
 
 
 @needs
-def test_the_model_is_vllms_own():
+def test_the_model_is_vllms_own(sparse_model, dense_model):
     """What runs is vLLM's code: the model class, the backend's impl, the real router."""
     from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopKRouter
     from vllm.model_executor.layers.quantization.gguf import GGUFLinearMethod, GGUFMoEMethod
     from vllm.v1.attention.backends.mla.triton_mla import TritonMLAImpl, TritonMLASparseImpl
 
-    from glm5_tools.diagnostics.vllm_forward import VllmCpuModel
-
-    m = VllmCpuModel(TOPK32 / Q4, TOPK32 / "hf", "TRITON_MLA_SPARSE", max_model_len=128)
-    assert type(m.model).__name__ == "GlmMoeDsaForCausalLM"
-    layers = m.model.model.layers
+    assert type(sparse_model.model).__name__ == "GlmMoeDsaForCausalLM"
+    layers = sparse_model.model.model.layers
     assert all(isinstance(layer.self_attn.mla_attn.mla_attn.impl, TritonMLASparseImpl) for layer in layers)
     moe = layers[-1].mlp
     assert isinstance(moe.experts.router, GroupedTopKRouter)
     assert moe.experts.router.e_score_correction_bias is not None
     assert isinstance(moe.experts.quant_method, GGUFMoEMethod)
     assert isinstance(layers[0].self_attn.mla_attn.q_b_proj.quant_method, GGUFLinearMethod)
-    dense = VllmCpuModel(MAIN / Q4, MAIN / "hf", "TRITON_MLA", max_model_len=64)
-    impl = dense.model.model.layers[0].self_attn.mla_attn.mla_attn.impl
+    impl = dense_model.model.model.layers[0].self_attn.mla_attn.mla_attn.impl
     assert type(impl) is TritonMLAImpl
 
 
 @needs
-def test_dense_path_matches_llama_cpp_layer_by_layer():
+def test_dense_path_matches_llama_cpp_layer_by_layer(dense_model):
     from glm5_tools.diagnostics.result import Verdict
 
-    result = _stage(MAIN, "TRITON_MLA", DENSE_LENGTHS)
+    result = _stage(MAIN, "TRITON_MLA", DENSE_LENGTHS, dense_model)
     assert result.verdict is Verdict.PASS, result.details
     assert sum("vLLM vs llama.cpp" in d for d in result.details) == len(DENSE_LENGTHS)
 
 
 @needs
-def test_sparse_path_matches_llama_cpp_below_and_above_index_topk():
+def test_sparse_path_matches_llama_cpp_below_and_above_index_topk(sparse_model):
     from glm5_tools.diagnostics.result import Verdict
 
-    result = _stage(TOPK32, "TRITON_MLA_SPARSE", SPARSE_LENGTHS)
+    result = _stage(TOPK32, "TRITON_MLA_SPARSE", SPARSE_LENGTHS, sparse_model)
     assert result.verdict is Verdict.PASS, result.details
     # past index_topk the selection is checked, and it is exact
     assert any("selection 0.00e+00" in d for d in result.details)

@@ -42,6 +42,13 @@ def run(args: argparse.Namespace) -> list[StageResult]:
     stages = {int(s) for s in args.stages.split(",")}
     if not stages <= set(range(1, 9)):
         raise ValueError(f"--stages {args.stages}: stages are 1-8")
+    if 8 in stages:
+        if device != "cpu":
+            raise ValueError("stage 8 runs vLLM on the CPU in Triton's interpreter: run it with --device cpu "
+                             "(in its own invocation on a GPU host)")
+        from glm5_tools.diagnostics.vllm_forward import prepare_environment
+
+        prepare_environment()  # before any stage imports vllm or triton
     tensors, meta = read_tensors(Path(args.gguf)) if stages & {1, 2, 3, 4} else ({}, {})
     arch = str(meta.get("general.architecture", "glm-dsa"))
     results: list[StageResult] = []

@@ -53,6 +53,11 @@ BLOCK = 64  # page size of the MLA and indexer caches (the sparse backend's only
 
 def prepare_environment() -> None:
     """Before vLLM or Triton is imported: Triton's interpreter, no torch.compile."""
+    import sys
+
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("vllm_forward: Triton was imported before Triton's interpreter was switched on; "
+                           "call prepare_environment() before importing vllm or triton")
     os.environ.setdefault("TRITON_INTERPRET", "1")
     # vLLM disables Triton when no GPU driver is active, except with an empty
     # CUDA_VISIBLE_DEVICES (a distributed worker before CUDA starts): the interpreter
