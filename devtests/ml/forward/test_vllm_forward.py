@@ -51,10 +51,12 @@ def _router_tap(ids: list[list[int]], choice: list[list[float]], logits: list[li
 def test_router_check_excuses_a_bfloat16_tie_and_names_a_real_difference():
     from glm5_tools.diagnostics.stage_forward import _router
 
-    logits = [[4.0, 0.0, 0.0, 0.0]]
-    want = _router_tap([[0, 1]], [[0.9, 0.5, 0.5 - 1e-4, 0.1]], logits)
-    tie = _router_tap([[0, 2]], [[0.9, 0.5, 0.5 - 1e-4, 0.1]], logits)
-    assert _router(tie, want)[0] == 0.0  # 1e-4 < 2^-9 * 4: one bfloat16 rounding
+    logits = [[4.0, 1.0, 1.0, 1.0]]
+    want = _router_tap([[0, 1]], [[0.9, 0.5, 0.5 - 5e-4, 0.1]], logits)
+    tie = _router_tap([[0, 2]], [[0.9, 0.5, 0.5 - 5e-4, 0.1]], logits)
+    assert _router(tie, want)[0] == 0.0  # 5e-4 < 2^-11 * (1 + 1): one bfloat16 rounding
+    want_far = _router_tap([[0, 1]], [[0.9, 0.5, 0.5 - 2e-3, 0.1]], logits)
+    assert _router(tie, want_far)[0] == float("inf")  # 2e-3: what the fixture's bias decides
     wrong = _router_tap([[0, 3]], [[0.9, 0.5, 0.49, 0.1]], logits)
     measured, detail = _router(wrong, want)
     assert measured == float("inf") and "vLLM [0, 3], reference [0, 1]" in detail
