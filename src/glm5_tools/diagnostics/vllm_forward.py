@@ -338,17 +338,16 @@ class VllmCpuModel:
             # vLLM's own PyTorch path: their forward_cuda calls CUDA kernels
             compilation_config=CompilationConfig(custom_ops=["none"]),
         )
-        self._ctx = set_current_vllm_config(self.vllm_config)
-        self._ctx.__enter__()
-        _init_single_rank()
-        with cpu_standins(), torch.device("cpu"):
-            loader = get_model_loader(self.vllm_config.load_config)
-            self.model = loader.load_model(vllm_config=self.vllm_config, model_config=self.model_config)
-        self.model.eval()
-        self._indexer_ops_as_on_cuda()
-        self.dtype = self.model_config.dtype
-        self._attn_layers = self._attention_layers()
-        self._alloc_caches(max_model_len)
+        with set_current_vllm_config(self.vllm_config):
+            _init_single_rank()
+            with cpu_standins(), torch.device("cpu"):
+                loader = get_model_loader(self.vllm_config.load_config)
+                self.model = loader.load_model(vllm_config=self.vllm_config, model_config=self.model_config)
+            self.model.eval()
+            self._indexer_ops_as_on_cuda()
+            self.dtype = self.model_config.dtype
+            self._attn_layers = self._attention_layers()
+            self._alloc_caches(max_model_len)
 
     def _indexer_ops_as_on_cuda(self) -> None:
         """SparseAttnIndexer's forward_native only dispatches to forward_cuda on a CUDA
@@ -422,6 +421,7 @@ class VllmCpuModel:
 
     def forward(self, tokens: list[int], *, taps: Taps | None = None) -> torch.Tensor:
         """Logits [T, V] (float32) of one prompt; per-layer values into taps."""
+        from vllm.config import set_current_vllm_config
         from vllm.forward_context import set_forward_context
 
         t = len(tokens)
@@ -431,7 +431,7 @@ class VllmCpuModel:
             layer.kv_cache.zero_()
         hooks = _install_taps(self.model, taps) if taps is not None else []
         try:
-            with torch.no_grad(), cpu_standins():
+            with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
                 metadata, slot_mapping = self._metadata(t)
                 with set_forward_context(metadata, self.vllm_config, num_tokens=t, slot_mapping=slot_mapping):
                     hidden = self.model(input_ids=ids, positions=positions, intermediate_tensors=None)
