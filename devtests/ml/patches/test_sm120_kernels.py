@@ -22,7 +22,9 @@ import overlay
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-CACHE = ROOT / ".cache" / "sm_check"
+# compiled results, keyed by Triton's version, each kernel's source hash, its
+# specialization and the target: only kernels whose source or launch changed recompile
+CACHE = Path(os.environ.get("GLM5_SM_CHECK_CACHE", ROOT / ".cache" / "sm_check"))
 
 
 def patch_kernel_modules() -> list[str]:
@@ -60,7 +62,10 @@ def test_patch_set_defines_kernels() -> None:
 
 
 def test_every_serving_path_kernel_fits_sm120(tmp_path: Path) -> None:
+    import conftest
+
     required = [a for m in patch_kernel_modules() for a in ("--require-traced", m)]
+    required += ["--libs", str(conftest.PATCHED_SITE)]
     proc, report = sm_check(
         tmp_path,
         "--target",
@@ -93,8 +98,15 @@ def test_every_serving_path_kernel_fits_sm120(tmp_path: Path) -> None:
         if rec["kernel"].endswith(":_fwd_grouped_kernel_stage1")
     }
     assert groups == {64, 32, 16, 8}
-    # the compiled-library ops the traced code called are listed
+    # the compiled-library ops the traced code called are listed, and every mapped
+    # op the serving modules call has sm_120 kernels in the wheel
     assert traces["sm_120"]["ops"]
+    libs = report["libraries"]
+    assert "sm_120" in libs["archs"]["_C.abi3.so"] and "sm_120" in libs["archs"]["_moe_C.abi3.so"]
+    for op in traces["sm_120"]["ops"]:
+        assert libs["ops"][op]["sm_120"], op
+    for op in ("_C.ggml_dequantize", "_C.ggml_mul_mat_vec_a8", "_C.ggml_moe_a8", "_C.rms_norm", "_moe_C.grouped_topk"):
+        assert libs["ops"][op]["sm_120"], op
 
 
 def test_oversized_configuration_fails_naming_kernel_and_limit(tmp_path: Path) -> None:
