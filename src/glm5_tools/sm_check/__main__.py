@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .compile import KernelResult, compile_all, dedupe
-from .report import markdown, problems
+from .report import markdown, problems, warnings
 from .targets import Target, target
 from .trace import ArgSpec, LaunchRecord, untraced
 
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     results: list[KernelResult] = []
     report: dict[str, Any] = {"targets": [t.name for t in targets], "traces": {}}
     failures: list[str] = []
+    notes: list[str] = []
     text = [f"# Triton kernels of the serving path, compiled for {', '.join(t.name for t in targets)}\n"]
     for i, t in enumerate(targets):
         t0 = time.monotonic()
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         results += res
         mine = [r for r in res if r.target == t.name]
         for r in mine:
-            failures += problems(r, t)
+            failures += problems(r, t, spills_fail=args.fail_on_spills)
+            notes += [] if args.fail_on_spills else warnings(r, t)
         report["traces"][t.name] = {
             "launches": len(rec.launches),
             "unique": len(unique),
@@ -126,17 +128,21 @@ def run(args: argparse.Namespace) -> int:
         failures += lib_failures
         report["libraries"] = lib_report
     report["failures"] = failures
+    report["warnings"] = notes
     report["seconds"] = round(time.monotonic() - start, 1)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1), encoding="utf-8")
     if args.markdown:
         Path(args.markdown).write_text("\n".join(text), encoding="utf-8")
+    for w in notes:
+        print(f"WARN {w}", file=sys.stderr)
     for f in failures:
         print(f"FAIL {f}", file=sys.stderr)
     summary = {
         "targets": [t.name for t in targets],
         "configurations": {k: v["unique"] for k, v in report["traces"].items()},
         "failures": len(failures),
+        "warnings": len(notes),
         "seconds": report["seconds"],
     }
     print(json.dumps(summary))
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     p.add_argument("--no-dense", action="store_true", help="skip the dense TRITON_MLA path")
+    p.add_argument("--fail-on-spills", action="store_true", help="register spills fail (default: warn)")
     p.add_argument("--tp", type=int, action="append", help="tensor parallel sizes to trace (default 1 2 4 8)")
     p.add_argument(
         "--require-traced",

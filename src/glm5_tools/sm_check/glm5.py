@@ -1,8 +1,9 @@
 """GLM-5's serving path, traced at its per-rank shapes (the project's scenario set).
 
 Runs vLLM's own launch sites -- the metadata builders, the TRITON_MLA_SPARSE
-backend's forward (patch 0011), the DSA indexer op, and TRITON_MLA's decode
-forward (the dense path, patch 0004) -- on CPU tensors under a virtual device of
+backend's forward (patch 0011), the DSA indexer op, TRITON_MLA's decode forward
+(the dense path, patch 0004), the model runner's slot mapping and the sampler's
+top-k/top-p -- on CPU tensors under a virtual device of
 the target (see trace.py), for tensor parallel 1, 2, 4 and 8 (64/TP query heads
 per rank; the indexer's 32 heads are replicated, not split), decode, prefill,
 chunked prefill (a chunk after a cached prefix) and mixed batches, and CUDA
@@ -38,6 +39,7 @@ V_HEAD = 256
 INDEX_HEADS = 32
 INDEX_DIM = 128
 INDEX_TOPK = 2048
+VOCAB = 154880
 MAX_MODEL_LEN = 202752  # max_position_embeddings; the sparse service's default
 PAGE = 64  # TRITON_MLA_SPARSE's kernel block size (and the indexer cache's)
 QUANT_BLOCK = 128
@@ -256,6 +258,47 @@ def trace_dense(rec: Recorder, target: Target, tp: int) -> None:
                 impl.forward_mqa(q, kv, meta, layer)
 
 
+def trace_model_runner(rec: Recorder, target: Target) -> None:
+    """The model runner's per-step Triton kernels that do not depend on the model:
+    the slot mapping of vLLM's block table (one KV cache group, page 64)."""
+    import torch
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
+
+    table = _call(
+        MultiGroupBlockTable,
+        {
+            "max_num_reqs": MAX_SEQS,
+            "max_model_len": MAX_MODEL_LEN,
+            "max_num_batched_tokens": MAX_BATCHED_TOKENS,
+            "pin_memory": False,
+            "device": torch.device("cpu"),
+            "block_sizes": [PAGE],
+            "kernel_block_sizes": [PAGE],
+        },
+    )
+    for batch in (Batch("decode x64", tuple((1, 3000) for _ in range(64))), *list(sparse_batches())[-4:]):
+        with rec.in_scenario(f"model runner {batch.name}"), virtual_device(target):
+            common = _common(batch)
+            positions = torch.cat([torch.arange(c - n, c) for n, c in batch.requests])
+            table.compute_slot_mapping(len(batch.requests), common.query_start_loc, positions)
+
+
+def trace_sampler(rec: Recorder, target: Target) -> None:
+    """The sampler's Triton top-k/top-p (vLLM takes it for 8 or more requests that set
+    top_k or top_p), over GLM-5's vocabulary, for top-k, top-p and both."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    for n in (8, MAX_SEQS):
+        for name, k, p in (
+            ("top_k", torch.full((n,), 40), None),
+            ("top_p", None, torch.full((n,), 0.9)),
+            ("top_k+top_p", torch.full((n,), 40), torch.full((n,), 0.9)),
+        ):
+            with rec.in_scenario(f"sampler {name} x{n}"), virtual_device(target):
+                apply_top_k_top_p(torch.empty(n, VOCAB, dtype=torch.float32), k, p)
+
+
 def trace_all(target: Target, *, dense: bool = True, tps: tuple[int, ...] = TPS) -> Recorder:
     """Every scenario at every TP; the caller has put the patched vLLM on sys.path."""
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -265,8 +308,11 @@ def trace_all(target: Target, *, dense: bool = True, tps: tuple[int, ...] = TPS)
     import vllm._custom_ops  # noqa: F401
 
     install_vllm_platform(target)
+    # the sampler binds HAS_TRITON at import: import it after the platform
     rec = Recorder()
     with recording(rec), recording_ops(rec):
+        trace_model_runner(rec, target)
+        trace_sampler(rec, target)
         for tp in tps:
             trace_sparse(rec, target, tp)
             if dense:

@@ -8,8 +8,9 @@ from .compile import KernelResult
 from .targets import Target
 
 
-def problems(result: KernelResult, target: Target) -> list[str]:
-    """Why result cannot run (well) on target; empty when it fits."""
+def problems(result: KernelResult, target: Target, *, spills_fail: bool = False) -> list[str]:
+    """Why result cannot run on target; empty when it fits. Register spills are a
+    speed matter, not a fit: a problem only with spills_fail (else see warnings)."""
     name = f"{result.name} [{result.launch}] on {target.name}"
     if result.error:
         return [f"{name}: does not compile: {result.error}"]
@@ -25,11 +26,21 @@ def problems(result: KernelResult, target: Target) -> list[str]:
             f"{name}: {result.regs} registers x {threads} threads = {result.regs * threads} > "
             f"{target.regs_per_sm} registers per SM (or > {target.max_regs_per_thread} per thread)"
         )
-    if result.spill_stores or result.spill_loads:
-        out.append(f"{name}: spills registers ({result.spill_stores} bytes stored, {result.spill_loads} bytes loaded)")
+    if spills_fail:
+        out += warnings(result, target)
     if result.forbidden:
         out.append(f"{name}: SASS has {', '.join(result.forbidden)}, not for {target.name}")
     return out
+
+
+def warnings(result: KernelResult, target: Target) -> list[str]:
+    """Register spills (local memory traffic): the kernel runs, slower."""
+    if result.error or not (result.spill_stores or result.spill_loads):
+        return []
+    return [
+        f"{result.name} [{result.launch}] on {target.name}: spills registers "
+        f"({result.spill_stores} bytes stored, {result.spill_loads} bytes loaded)"
+    ]
 
 
 def markdown(results: list[KernelResult], targets: list[Target]) -> str:
@@ -56,7 +67,8 @@ def markdown(results: list[KernelResult], targets: list[Target]) -> str:
                 cells.append(str(max(mine)) if mine else "-")
         cells.append(str(sum(r.spill_stores + r.spill_loads for r in rs)))
         bad = [p for r in rs for p in problems(r, by_target[r.target])]
-        cells.append(f"FAIL ({len(bad)})" if bad else "ok")
+        spills = [w for r in rs for w in warnings(r, by_target[r.target])]
+        cells.append(f"FAIL ({len(bad)})" if bad else "ok, spills" if spills else "ok")
         lines.append("| " + " | ".join(cells) + " |")
     out = ["\n".join(lines), ""]
     head = ["kernel", "launch config (constexprs, num_warps, num_stages)", "scenarios"]
@@ -73,7 +85,8 @@ def markdown(results: list[KernelResult], targets: list[Target]) -> str:
         verdicts = []
         for n, r in by.items():
             bad = problems(r, by_target[n])
-            verdicts.append(f"{n} FAIL: " + "; ".join(bad) if bad else f"{n} ok")
+            spill = " (spills)" if warnings(r, by_target[n]) else ""
+            verdicts.append(f"{n} FAIL: " + "; ".join(bad) if bad else f"{n} ok{spill}")
         cells.append(", ".join(verdicts))
         lines.append("| " + " | ".join(cells) + " |")
     out.append("\n".join(lines))
