@@ -190,7 +190,12 @@ def topk_checks(new: types.ModuleType, dev: torch.device) -> dict[str, object]:
 def main() -> None:
     new_path, old_path, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     quick = len(sys.argv) > 4 and sys.argv[4] == "quick"
-    import vllm._C  # noqa: F401  (registers torch.ops._C: persistent_topk, top_k_per_row_decode)
+    c_error = None
+    try:
+        import vllm._C  # noqa: F401  (registers torch.ops._C: persistent_topk, top_k_per_row_decode)
+    except Exception as e:
+        c_error = repr(e)[:500]
+        print("vllm._C did not load:", c_error, flush=True)
     from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
 
     new = load(new_path, "su_new")
@@ -204,6 +209,8 @@ def main() -> None:
         "max_model_len_width": MML,
         "runs": [],
     }
+    if c_error:
+        res["vllm_C_error"] = c_error
     try:
         from vllm.third_party.flashmla.flash_mla_interface import flash_mla_with_kvcache, get_mla_metadata
 

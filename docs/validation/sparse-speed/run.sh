@@ -25,4 +25,15 @@ bench)
   PYTHONPATH=/root/site PYTHONUNBUFFERED=1 python3 "$(dirname "$0")/bench.py" \
     .build/i23/k/new_sparse_utils.py .build/i23/k/old_sparse_utils.py "${OUT:-.}" "${2:-full}"
   ;;
+one)
+  # one call: _C.abi3.so with only its SM 9.0 cubins kept (strip_fatbin.py; PTX kept)
+  echo "eda0759da362314f224f43356e31bf2e72563028d2648001ef0dfad6cf67fe68  .build/i23/one/C90.so.xz" | sha256sum -c
+  mkdir -p /root/site
+  tar -xJf .build/i23/one/rest.tar.xz -C /root/site
+  xz -dc .build/i23/one/C90.so.xz > /root/site/vllm/_C.abi3.so
+  nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv,noheader
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  PYTHONPATH=/root/site PYTHONUNBUFFERED=1 python3 "$(dirname "$0")/bench.py" \
+    .build/i23/one/k/new_sparse_utils.py .build/i23/one/k/old_sparse_utils.py "${OUT:-.}" "${2:-full}"
+  ;;
 esac
