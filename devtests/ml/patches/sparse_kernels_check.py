@@ -127,8 +127,10 @@ def main() -> None:
     su.token_request_and_context(qsl, sl, 4, npad, req_buf, ctx_buf)
     want_ctx = [c + shift for c in ctx_of] + [0, 0]
     result["token_meta_ok"] = (
-        req_buf[:ntok].tolist() == req_of and ctx_buf[:npad].tolist() == want_ctx
+        req_buf[:ntok].tolist() == req_of
+        and ctx_buf[:npad].tolist() == want_ctx
         and req_buf[npad:].tolist() == [9, 9, 9]
+        and ctx_buf[npad:].tolist() == [0, 0, 0]
     )
     meta = DeepseekV32IndexerMetadata(
         seq_lens=sl,
@@ -185,7 +187,7 @@ def main() -> None:
     lg = torch.randn(6, 300, generator=gen)
     lens = torch.tensor([300, 200, 31, 32, 1, 0], dtype=torch.int32) + shift
     for r, n in enumerate(lens.tolist()):
-        lg[r, min(n, 300):] = float("-inf")
+        lg[r, min(n, 300) :] = float("-inf")
     sel = torch.full((6, topk + 3), 5, dtype=torch.int32)
     su.indexer_topk(lg, topk, sel, lens)
     exact = True

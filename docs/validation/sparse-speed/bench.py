@@ -125,8 +125,8 @@ def topk_checks(new: types.ModuleType, dev: torch.device) -> dict[str, object]:
     ws = torch.empty(new.TOPK_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
     gen = torch.Generator(device=dev).manual_seed(1)
     for rows in (4, 64):  # <= 32 rows: radix path; > 32: FilteredTopK (>= 128 KiB smem)
-        base = [1, 100, 2047, 2048, 2049, 5000, 65536, MML]
-        lens = torch.tensor((base * (rows // 8 + 1))[:rows], dtype=torch.int32, device=dev)
+        base = [0, 1, 100, 2047, 2048, 2049, 5000, 65536, MML]
+        lens = torch.tensor((base * (rows // 9 + 1))[:rows], dtype=torch.int32, device=dev)
         lg = torch.randn(rows, MML, device=dev, generator=gen)
         for k in (2048, 512, 32):
             path = new.topk_path(dev, k)
