@@ -356,6 +356,13 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
         ("b_total", b_all),
     ):
         parts[name] = graph_time(fn)
+    # the scores kernel's tile (score columns per program) and warps
+    for bn, nw in ((128, 4), (128, 8), (256, 8)):
+        parts[f"a_indexer_bn{bn}_w{nw}"] = graph_time(
+            lambda bn=bn, nw=nw: new.indexer_logits(
+                qq, w, idx, bt, req, ctxl, MML, out=logits, tail=False, block_n=bn, num_warps=nw
+            )
+        )
     # (c) dense TRITON_MLA (vLLM's kernel, the split count of the earlier run)
     splits = min(triton_next_pow2(max(1, ctx // 512)), 2 * sms)
     o_dense = torch.empty(batch, heads, KV_LORA, dtype=torch.bfloat16, device=dev)
