@@ -357,7 +357,7 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
     ):
         parts[name] = graph_time(fn)
     # the scores kernel's tile (score columns per program) and warps
-    for bn, nw in ((128, 4), (128, 8), (256, 8)):
+    for bn, nw in ((64, 4), (256, 4), (256, 8)):
         parts[f"a_indexer_bn{bn}_w{nw}"] = graph_time(
             lambda bn=bn, nw=nw: new.indexer_logits(
                 qq, w, idx, bt, req, ctxl, MML, out=logits, tail=False, block_n=bn, num_warps=nw

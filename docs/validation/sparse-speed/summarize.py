@@ -38,7 +38,7 @@ def main() -> None:
     sweep = [k for k in res["runs"][0]["ms"] if k.startswith("a_indexer_bn")] if res["runs"] else []
     if sweep:
         print()
-        print("| ctx | batch | heads | indexer ms, 64 cols / 4 warps (a) | " + " | ".join(sweep) + " |")
+        print("| ctx | batch | heads | indexer ms, (a) as run | " + " | ".join(sweep) + " |")
         print("|---|---|---|---|" + "---|" * len(sweep))
         for r in res["runs"]:
             m = r["ms"]
