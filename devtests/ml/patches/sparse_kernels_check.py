@@ -113,15 +113,29 @@ def main() -> None:
     result["logits_rel_err"] = err
     result["logits_causal"] = causal_ok
 
-    # 2. the op, on the metadata vLLM's builder code makes
+    # 2. the op, on the metadata vLLM's builder code makes (prefill chunks)
+    # plus the per-step token metadata the patched builder adds (built by
+    # token_request_and_context from query_start_loc and seq_lens, as the
+    # builder does once per step); two padding tokens of a captured batch
     qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
     sl = torch.tensor(seq_lens, dtype=torch.int32) + shift
     chunk = build_prefill_chunk_metadata(2, 4, qsl, qsl, sl, sl, sl, bt, 1)
     assert chunk is not None
+    npad = ntok + 2
+    req_buf = torch.full((npad + 3,), 9, dtype=torch.int32)
+    ctx_buf = torch.full((npad + 3,), 9, dtype=torch.int32)
+    su.token_request_and_context(qsl, sl, 4, npad, req_buf, ctx_buf)
+    want_ctx = [c + shift for c in ctx_of] + [0, 0]
+    result["token_meta_ok"] = (
+        req_buf[:ntok].tolist() == req_of
+        and ctx_buf[:npad].tolist() == want_ctx
+        and req_buf[npad:].tolist() == [9, 9, 9]
+        and ctx_buf[npad:].tolist() == [0, 0, 0]
+    )
     meta = DeepseekV32IndexerMetadata(
         seq_lens=sl,
         max_seq_len=int(sl.max()),
-        slot_mapping=torch.zeros(ntok, dtype=torch.int64),
+        slot_mapping=torch.zeros(npad, dtype=torch.int64),
         num_decodes=2,
         num_decode_tokens=2,
         num_prefills=2,
@@ -134,17 +148,19 @@ def main() -> None:
             schedule_metadata=torch.empty(0),
         ),
         prefill=DeepseekV32IndexerPrefillMetadata(chunks=[chunk]),
+        triton_tokens=su.TritonIndexerTokens(req_buf[:npad], ctx_buf[:npad], bt),
     )
     sai.get_forward_context = lambda: SimpleNamespace(attn_metadata={"layer.k_cache": meta})
-    buf = torch.full((ntok, topk), 7, dtype=torch.int32)
+    buf = torch.full((npad, topk), 7, dtype=torch.int32)
+    qp, q8p, wp = (torch.cat([x, x[:2]]) for x in (q, q_fp8, w))
     sai.sparse_attn_indexer_triton(
-        q,
+        qp,
         "layer.k_cache",
         cache.view(-1, PAGE, D + 4),
-        q_fp8,
+        q8p,
         None,
         None,
-        w,
+        wp,
         128,
         "ue8m0",
         topk,
@@ -163,6 +179,42 @@ def main() -> None:
         agree += len(want & set(valid))
     result["topk_agreement"] = agree / sum(min(topk, c) for c in ctx_of)
     result["topk_causal_and_counts"] = shape_ok
+    result["padding_rows_empty"] = bool((buf[ntok:] == -1).all())
+    result["topk_path_cpu"] = su.topk_path(torch.device("cpu"), topk)
+
+    # 2b. indexer_topk alone (the torch path): against float32 top-k on rows
+    # with -inf tails, and ties at the k-th place kept earliest-first
+    lg = torch.randn(6, 300, generator=gen)
+    lens = torch.tensor([300, 200, 31, 32, 1, 0], dtype=torch.int32) + shift
+    for r, n in enumerate(lens.tolist()):
+        lg[r, min(n, 300) :] = float("-inf")
+    sel = torch.full((6, topk + 3), 5, dtype=torch.int32)
+    su.indexer_topk(lg, topk, sel, lens)
+    exact = True
+    for r, n in enumerate(lens.tolist()):
+        n = min(n, 300) - shift  # the true context
+        want = set(lg[r, :n].topk(min(topk, n)).indices.tolist()) if n > 0 else set()
+        got = [i for i in sel[r, :topk].tolist() if i >= 0]
+        exact &= set(got) == want and len(got) == len(want)
+    # the same rows without the -inf tail: the lengths alone bound the selection
+    free = torch.randn(6, 300, generator=gen)
+    free[:, :] = torch.where(torch.isinf(lg), free, lg)
+    sel2 = torch.full((6, topk), 5, dtype=torch.int32)
+    su.indexer_topk(free, topk, sel2, lens)
+    exact &= torch.equal(sel2.sort(dim=1).values, sel[:, :topk].sort(dim=1).values)
+    result["topk_exact_vs_float32"] = exact and bool((sel[:, topk:] == 5).all())
+    tie = torch.zeros(3, 100)
+    tie[1, 50:] = 1.0  # 50 above, the rest tied below: the 50 plus none
+    tie[2, :] = torch.arange(100).float() % 4  # 25 each of 3, 2, 1, 0
+    tsel = torch.empty(3, topk, dtype=torch.int32)
+    su.indexer_topk(tie, topk, tsel, torch.full((3,), 100, dtype=torch.int32))
+    threes = [i for i in range(100) if i % 4 == 3]
+    twos = [i for i in range(100) if i % 4 == 2][: topk - 25]
+    result["topk_ties_earliest"] = (
+        tsel[0].tolist() == list(range(topk))
+        and tsel[1].tolist() == list(range(50, 50 + topk))
+        and tsel[2].tolist() == sorted(threes + twos)
+    )
 
     # 3. sparse MLA over a selection
     nslots = 8 * PAGE

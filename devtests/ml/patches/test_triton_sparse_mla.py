@@ -125,6 +125,13 @@ def test_kernels_and_indexer_op_match_float32() -> None:
     assert r["sparse_mla_rel_err"] < 0.02
     assert r["empty_rows_zero"] is True
     assert r["splits_used"] == [1, 2]  # both the one-split and the merged path ran
+    # once-per-step token metadata (request, context; padding tokens context 0)
+    assert r["token_meta_ok"] is True
+    assert r["padding_rows_empty"] is True
+    # top-k: the torch path here (vLLM's CUDA kernels: docs/validation/sparse-gpu)
+    assert r["topk_path_cpu"] == "torch"
+    assert r["topk_exact_vs_float32"] is True
+    assert r["topk_ties_earliest"] is True
 
 
 def test_off_by_one_context_is_caught() -> None:

@@ -1,0 +1,483 @@
+"""One layer's decode attention step of GLM-5 at its real per-rank dims, four ways (issue 23).
+
+Run on the GPU validation machine by run.sh, with vLLM 0.20.2 importable (its
+wheel's files: vllm._C for the top-k kernels, _flashmla_C for FLASHMLA_SPARSE)
+and two copies of patch 0011's kernel file:
+
+  (a) new: sparse_utils.py of this branch's patch 0011 (vLLM's persistent_topk,
+      no -inf tail, per-token metadata built once per step);
+  (b) old: sparse_utils.py of 0011 as on main (torch.topk, -inf tail, the
+      per-layer arange and seq_lens cast of the indexer op);
+  (c) dense TRITON_MLA: vLLM's decode_attention_fwd over the whole context;
+  (d) vLLM's FLASHMLA_SPARSE decode: its fp8 MLA cache (656 B/token), heads
+      padded to 64, indexer scores by DeepGEMM where it runs here.
+
+Every step is captured in a CUDA graph and replayed (medians of 5 x reps
+replays); the score width is max_model_len, as under the unit's FULL decode
+graphs. Parts: indexer scores / top-k / MLA (slot lookup + attention).
+Also: the top-k kernels against the float32 top-k (exact sets), their tie
+behaviour, rows shorter than k, and the per-step token metadata's time.
+usage: bench.py NEW_SPARSE_UTILS OLD_SPARSE_UTILS OUT_DIR [quick]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import time
+import traceback
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+KV_LORA, ROPE, IDX_HEADS, IDX_DIM, TOPK, PAGE = 512, 64, 32, 128, 2048, 64
+SCALE = (192 + 64) ** -0.5
+MML = 202752  # GLM-5's max_model_len: the score width under CUDA graphs
+
+
+def load(path: str, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def graph_time(fn: Callable[[], torch.Tensor], target_ms: float = 15.0) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    g.replay()
+    torch.cuda.synchronize()
+    est = max(1e-3, (time.perf_counter() - t0) * 1e3)
+    reps = int(min(100, max(5, target_ms / est)))
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    del g
+    return sorted(times)[2]
+
+
+def fp8_bytes(n: int, dev: torch.device) -> torch.Tensor:
+    return torch.randn(n, device=dev).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def build(batch: int, ctx: int, dev: torch.device) -> dict[str, torch.Tensor]:
+    per = math.ceil(ctx / PAGE)
+    nb = batch * per
+    bt = torch.randperm(nb, device=dev).to(torch.int32).view(batch, per)
+    idx = torch.empty(nb, PAGE * (IDX_DIM + 4), dtype=torch.uint8, device=dev)
+    flash = torch.empty(nb, PAGE, 656, dtype=torch.uint8, device=dev)
+    for lo in range(0, nb, 4096):  # bounded temporaries
+        hi = min(nb, lo + 4096)
+        n = hi - lo
+        idx[lo:hi, : PAGE * IDX_DIM] = fp8_bytes(n * PAGE * IDX_DIM, dev).view(n, -1)
+        sc = torch.rand(n, PAGE, device=dev) * 0.01 + 0.001
+        idx[lo:hi, PAGE * IDX_DIM :] = sc.view(torch.uint8).view(n, -1)
+        flash[lo:hi, :, :512] = fp8_bytes(n * PAGE * 512, dev).view(n, PAGE, 512)
+        fs = torch.rand(n, PAGE, 4, device=dev) * 0.01 + 0.001
+        flash[lo:hi, :, 512:528] = fs.view(torch.uint8).view(n, PAGE, 16)
+        rope = (torch.randn(n, PAGE, 64, device=dev) * 0.5).to(torch.bfloat16)
+        flash[lo:hi, :, 528:] = rope.view(torch.uint8).view(n, PAGE, 128)
+    mla = torch.randn(nb, PAGE, KV_LORA + ROPE, device=dev, dtype=torch.bfloat16) * 0.5
+    qi = torch.randn(batch, IDX_HEADS, IDX_DIM, device=dev)
+    qs = qi.abs().amax(-1).clamp(min=1e-4) / 448.0
+    qq = (qi / qs[..., None]).to(torch.float8_e4m3fn)
+    w = torch.randn(batch, IDX_HEADS, device=dev) * qs * IDX_DIM**-0.5 * IDX_HEADS**-0.5
+    return {"bt": bt, "idx": idx.view(nb, PAGE, IDX_DIM + 4), "flash": flash, "mla": mla, "qq": qq, "w": w}
+
+
+def exact_topk_agreement(logits: torch.Tensor, ctx: torch.Tensor, sel: torch.Tensor) -> float:
+    """Fraction of rows whose selected set equals the float32 top-k's set."""
+    ok = 0
+    for r in range(logits.shape[0]):
+        n = int(ctx[r])
+        k = min(TOPK, n)
+        want = torch.topk(logits[r, :n], k).indices.sort().values
+        got = sel[r][sel[r] >= 0].sort().values.long()
+        ok += int(got.numel() == k and torch.equal(got, want))
+    return ok / logits.shape[0]
+
+
+def topk_checks(new: types.ModuleType, dev: torch.device) -> dict[str, object]:
+    """vLLM's kernels through indexer_topk: exact sets, short rows, ties, k=32."""
+    out: dict[str, object] = {}
+    ws = torch.empty(new.TOPK_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    for rows in (4, 64):  # <= 32 rows: radix path; > 32: FilteredTopK (>= 128 KiB smem)
+        base = [0, 1, 100, 2047, 2048, 2049, 5000, 65536, MML]
+        lens = torch.tensor((base * (rows // 9 + 1))[:rows], dtype=torch.int32, device=dev)
+        lg = torch.randn(rows, MML, device=dev, generator=gen)
+        for k in (2048, 512, 32):  # 32: the torch path (the small fixture's k)
+            path = new.topk_path(dev, k)
+            try:
+                # the kernel's own writes past a short row (sentinel 7 before)
+                raw = torch.full((rows, k), 7, dtype=torch.int32, device=dev)
+                new.indexer_topk(lg, k, raw, lens, ws)
+                # as the op calls it: the buffer set to -1 first
+                sel = torch.full((rows, k), -1, dtype=torch.int32, device=dev)
+                new.indexer_topk(lg, k, sel, lens, ws)
+                torch.cuda.synchronize()
+            except Exception as e:
+                out[f"rows{rows}_k{k}"] = {"path": path, "error": repr(e)[:500]}
+                continue
+            agree, pad_ok = 0, True
+            for r in range(rows):
+                n = int(lens[r])
+                kk = min(k, n)
+                want = torch.topk(lg[r, :n], kk).indices.sort().values
+                got = sel[r][sel[r] >= 0].sort().values.long()
+                agree += int(got.numel() == kk and torch.equal(got, want))
+                pad_ok &= bool((raw[r] >= 0).sum() == kk) and bool((raw[r][raw[r] < 0] == -1).all())
+            out[f"rows{rows}_k{k}"] = {
+                "path": path,
+                "exact_rows": agree / rows,
+                "kernel_writes_minus1_past_short_rows": pad_ok,
+            }
+    # ties: scores in 8 levels (thousands equal at the k-th place)
+    rows = 16
+    lens = torch.full((rows,), 20000, dtype=torch.int32, device=dev)
+    lg = torch.randint(0, 8, (rows, MML), device=dev, generator=gen).float()
+    for k in (2048, 32):
+        sels = []
+        try:
+            for _ in range(3):
+                sel = torch.full((rows, k), -1, dtype=torch.int32, device=dev)
+                new.indexer_topk(lg, k, sel, lens, ws)
+                sels.append(sel.sort(dim=1).values)
+            torch.cuda.synchronize()
+        except Exception as e:
+            out[f"ties_k{k}"] = {"error": repr(e)[:500]}
+            continue
+        ref = torch.topk(lg[:, :20000], k, dim=1).values.sort(dim=1).values
+        vals = lg.gather(1, sels[0].long().clamp(min=0)).sort(dim=1).values
+        kth = ref[:, :1]
+        above_all = bool(((lg[:, :20000] > kth).sum(1) <= (sels[0] >= 0).sum(1)).all())
+        got_above = (lg.gather(1, sels[0].long().clamp(min=0)) > kth).sum(1)
+        cpu_sel = torch.empty(rows, k, dtype=torch.int32)
+        new.indexer_topk(lg[:, :20000].cpu().contiguous(), k, cpu_sel, lens.cpu())
+        earliest = cpu_sel.to(dev).sort(dim=1).values
+        out[f"ties_k{k}"] = {
+            "path": new.topk_path(dev, k),
+            "value_multiset_equals_float32_topk": bool(torch.equal(vals, ref)),
+            "all_strictly_above_kth_kept": above_all and bool((got_above == (lg[:, :20000] > kth).sum(1)).all()),
+            "same_positions_in_3_runs": all(torch.equal(sels[0], s) for s in sels[1:]),
+            "positions_equal_torch_path_earliest_first": bool(torch.equal(sels[0], earliest)),
+        }
+    return out
+
+
+def main() -> None:
+    new_path, old_path, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    quick = len(sys.argv) > 4 and sys.argv[4] == "quick"
+    c_error = None
+    try:
+        import vllm._C  # noqa: F401  (registers torch.ops._C: persistent_topk, top_k_per_row_decode)
+    except Exception as e:
+        c_error = repr(e)[:500]
+        print("vllm._C did not load:", c_error, flush=True)
+    from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
+
+    new = load(new_path, "su_new")
+    old = load(old_path, "su_old")
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    res: dict[str, object] = {
+        "device": torch.cuda.get_device_name(dev),
+        "capability": list(torch.cuda.get_device_capability(dev)),
+        "sms": sms,
+        "max_model_len_width": MML,
+        "runs": [],
+    }
+    if c_error:
+        res["vllm_C_error"] = c_error
+    try:
+        from vllm.third_party.flashmla.flash_mla_interface import flash_mla_with_kvcache, get_mla_metadata
+
+        have_flashmla = True
+    except Exception as e:
+        have_flashmla = False
+        res["flashmla_error"] = repr(e)
+    dg = None
+    try:  # vLLM's vendored DeepGEMM, called as vllm.utils.deep_gemm calls it
+        import vllm.third_party.deep_gemm as dg_mod
+
+        dg = types.SimpleNamespace(
+            fp8_fp4_paged_mqa_logits=lambda q, kv, w, lens, bt, sched, max_model_len, clean_logits: (
+                dg_mod.fp8_fp4_paged_mqa_logits(q, kv, w, lens, bt, sched, max_model_len, clean_logits)
+            ),
+            get_paged_mqa_logits_metadata=dg_mod.get_paged_mqa_logits_metadata,
+        )
+    except Exception as e:
+        res["deepgemm_error"] = repr(e)
+
+    def save() -> None:
+        (out_dir / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+
+    # memory bandwidth this GPU reaches reading (a 4 GiB sum), for the byte counts
+    res["read_bandwidth_GBps_measured"] = read_bandwidth(dev)
+    res["topk_checks"] = topk_checks(new, dev)
+    print(json.dumps(res["topk_checks"]), flush=True)
+    save()
+
+    env = {
+        "new": new,
+        "old": old,
+        "dev": dev,
+        "sms": sms,
+        "res": res,
+        "save": save,
+        "dense": decode_attention_fwd,
+        "dg": dg,
+        "flashmla": (flash_mla_with_kvcache, get_mla_metadata) if have_flashmla else None,
+    }
+    ctxs = (4096, 65536) if quick else (4096, 16384, 65536, 131072)
+    batches = (1, 16) if quick else (1, 16, 64)
+    for ctx in ctxs:
+        for batch in batches:
+            try:
+                shape_runs(env, ctx, batch)
+            except Exception as e:
+                traceback.print_exc()
+                res.setdefault("errors", []).append(f"ctx {ctx} batch {batch}: {e!r}"[:800])
+                save()
+            torch.cuda.empty_cache()
+    save()
+
+
+def shape_runs(env: dict, ctx: int, batch: int) -> None:
+    """All four ways at one context and batch, for 8 and 16 heads."""
+    new, dev, res, save = (env[k] for k in ("new", "dev", "res", "save"))
+    d = build(batch, ctx, dev)
+    ws = torch.empty(new.TOPK_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    seq_lens2d = seq_lens.unsqueeze(-1)
+    req_buf = torch.zeros(8192, dtype=torch.int32, device=dev)
+    ctx_buf = torch.zeros_like(req_buf)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        new.token_request_and_context(qsl, seq_lens, batch, batch, req_buf, ctx_buf)
+    torch.cuda.synchronize()
+    t_meta = (time.perf_counter() - t0) / 20 * 1e3
+    req, ctxl = req_buf[:batch], ctx_buf[:batch]
+    d["sel"] = torch.empty(batch, TOPK, dtype=torch.int32, device=dev)
+    d["sel_old"] = torch.empty_like(d["sel"])
+    d["logits"] = torch.empty(batch, MML, dtype=torch.float32, device=dev)
+    d["logits_old"] = torch.empty_like(d["logits"])
+    for heads in (8, 16):
+        res["runs"].append(heads_run(env, ctx, batch, heads, d, (req, ctxl, ws, seq_lens, seq_lens2d, t_meta)))
+        save()
+
+
+def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) -> dict:
+    new, old, dev, sms, res, dg = (env[k] for k in ("new", "old", "dev", "sms", "res", "dg"))
+    decode_attention_fwd = env["dense"]
+    req, ctxl, ws, seq_lens, seq_lens2d, t_meta = per
+    bt, idx, mla, qq, w = d["bt"], d["idx"], d["mla"], d["qq"], d["w"]
+    sel, sel_old, logits, logits_old = d["sel"], d["sel_old"], d["logits"], d["logits_old"]
+    q = (torch.randn(batch, heads, KV_LORA + ROPE, device=dev) * 0.5).to(torch.bfloat16)
+    run: dict[str, object] = {"ctx": ctx, "batch": batch, "heads": heads}
+
+    def conv(mod: types.ModuleType, s: torch.Tensor) -> torch.Tensor:
+        return mod.triton_convert_req_index_to_global_index(
+            req, bt, s, BLOCK_SIZE=PAGE, NUM_TOPK_TOKENS=TOPK, BLOCK_N=128
+        )
+
+    # (a) new
+    def a_idx() -> torch.Tensor:
+        return new.indexer_logits(qq, w, idx, bt, req, ctxl, MML, out=logits, tail=False)
+
+    def a_topk() -> torch.Tensor:
+        sel.fill_(-1)
+        return new.indexer_topk(logits, TOPK, sel, ctxl, ws)
+
+    def a_mla() -> torch.Tensor:
+        return new.sparse_mla(q, mla, conv(new, sel), SCALE, KV_LORA, sms)[0]
+
+    def a_all() -> torch.Tensor:
+        a_idx()
+        a_topk()
+        return a_mla()
+
+    # (b) old: the op's per-layer metadata, -inf tail, torch.topk
+    def b_idx() -> torch.Tensor:
+        row = torch.arange(batch, dtype=torch.int32, device=dev).div_(1, rounding_mode="floor")
+        c = seq_lens2d.reshape(-1).to(torch.int32)
+        return old.indexer_logits(qq, w, idx, bt, row, c, MML, out=logits_old)
+
+    def b_topk() -> torch.Tensor:
+        sel_old.fill_(-1)
+        return old.indexer_topk(logits_old, TOPK, sel_old)
+
+    def b_mla() -> torch.Tensor:
+        return old.sparse_mla(q, mla, conv(old, sel_old), SCALE, KV_LORA, sms)[0]
+
+    def b_all() -> torch.Tensor:
+        b_idx()
+        b_topk()
+        return b_mla()
+
+    o_a = a_all().clone()
+    o_b = b_all().clone()
+    torch.cuda.synchronize()
+    run["topk_exact_rows_new"] = exact_topk_agreement(logits, ctxl, sel)
+    run["topk_exact_rows_old"] = exact_topk_agreement(logits_old, ctxl, sel_old)
+    run["new_vs_old_out_rel_diff"] = float((o_a.float() - o_b.float()).abs().max() / o_b.float().abs().max())
+    parts = {}
+    for name, fn in (
+        ("a_indexer", a_idx),
+        ("a_topk", a_topk),
+        ("a_mla", a_mla),
+        ("a_total", a_all),
+        ("b_indexer", b_idx),
+        ("b_topk", b_topk),
+        ("b_mla", b_mla),
+        ("b_total", b_all),
+    ):
+        parts[name] = graph_time(fn)
+    # the scores kernel's tile (score columns per program) and warps
+    for bn, nw in ((64, 4), (256, 4), (256, 8)):
+        parts[f"a_indexer_bn{bn}_w{nw}"] = graph_time(
+            lambda bn=bn, nw=nw: new.indexer_logits(
+                qq, w, idx, bt, req, ctxl, MML, out=logits, tail=False, block_n=bn, num_warps=nw
+            )
+        )
+    # (c) dense TRITON_MLA (vLLM's kernel, the split count of the earlier run)
+    splits = min(triton_next_pow2(max(1, ctx // 512)), 2 * sms)
+    o_dense = torch.empty(batch, heads, KV_LORA, dtype=torch.bfloat16, device=dev)
+    lse_dense = torch.empty(batch, heads, dtype=torch.float32, device=dev)
+    attn_logits = torch.empty(batch, heads, splits, KV_LORA + 1, dtype=torch.float32, device=dev)
+    cache4 = mla.unsqueeze(2)
+    one = torch.ones((), dtype=torch.float32, device=dev)
+
+    def c_all() -> torch.Tensor:
+        decode_attention_fwd(
+            q,
+            cache4,
+            cache4[..., :KV_LORA],
+            o_dense,
+            lse_dense,
+            bt,
+            seq_lens,
+            attn_logits,
+            splits,
+            SCALE,
+            PAGE,
+            k_scale=one,
+            v_scale=one,
+            is_mla=True,
+        )
+        return o_dense
+
+    if mla.numel() < 2**31:
+        parts["c_total"] = graph_time(c_all)
+    else:  # its offsets overflow int32 there (an illegal address on the H100 run)
+        run["c_skipped"] = "cache of >= 2**31 elements: vLLM's dense decode kernel faults"
+    # (d) FLASHMLA_SPARSE
+    if env["flashmla"] is not None:
+        flash_mla_with_kvcache, get_mla_metadata = env["flashmla"]
+        try:
+            fcache = d["flash"].view(-1, PAGE, 1, 656)
+            sched = get_mla_metadata()[0]
+            qpad = torch.zeros(batch, 1, 64, KV_LORA + ROPE, dtype=torch.bfloat16, device=dev)
+
+            def d_mla() -> torch.Tensor:
+                slots = conv(new, sel).view(batch, 1, TOPK)
+                qpad[:, 0, :heads] = q
+                o, _ = flash_mla_with_kvcache(
+                    q=qpad,
+                    k_cache=fcache,
+                    block_table=None,
+                    cache_seqlens=None,
+                    head_dim_v=512,
+                    tile_scheduler_metadata=sched,
+                    softmax_scale=SCALE,
+                    is_fp8_kvcache=True,
+                    indices=slots,
+                )
+                return o[:, :, :heads]
+
+            parts["d_mla"] = graph_time(d_mla)
+        except Exception as e:
+            run["flashmla_error"] = repr(e)[:500]
+    if dg is not None and "deepgemm_error" not in res:
+        try:
+            sched_dg = dg.get_paged_mqa_logits_metadata(seq_lens2d, PAGE, sms)
+            kv4 = idx.unsqueeze(-2)
+
+            def d_idx() -> torch.Tensor:
+                return dg.fp8_fp4_paged_mqa_logits(
+                    (qq.view(batch, 1, IDX_HEADS, IDX_DIM), None),
+                    kv4,
+                    w,
+                    seq_lens2d,
+                    bt,
+                    sched_dg,
+                    max_model_len=MML,
+                    clean_logits=False,
+                )
+
+            lg_dg = d_idx()
+            torch.cuda.synchronize()
+            run["deepgemm_vs_triton_scores_rel"] = float(
+                (lg_dg[:, :ctx] - logits[:, :ctx]).abs().max() / logits[:, :ctx].abs().max()
+            )
+            parts["d_indexer"] = graph_time(d_idx)
+        except Exception as e:
+            res["deepgemm_error"] = repr(e)[:800]
+    if "d_mla" in parts:
+        d_idx_t = parts.get("d_indexer", parts["a_indexer"])
+        parts["d_total_parts_sum"] = d_idx_t + parts["a_topk"] + parts["d_mla"]
+        run["d_indexer_from"] = "deepgemm" if "d_indexer" in parts else "triton (a) - DeepGEMM did not run"
+    run["ms"] = parts
+    run["token_meta_once_per_step_ms_eager"] = t_meta
+    # bytes a decode step must read: the indexer cache (132 B/token) and the
+    # selected latent rows (1152 B bf16 each; 656 B in (d)'s fp8 cache)
+    sel_rows = batch * min(ctx, TOPK)
+    run["bytes_must_read_a"] = batch * ctx * (IDX_DIM + 4) + sel_rows * (KV_LORA + ROPE) * 2
+    run["bytes_must_read_d"] = batch * ctx * (IDX_DIM + 4) + sel_rows * 656
+    run["bytes_dense_reads"] = batch * ctx * (KV_LORA + ROPE) * 2
+    run["a_GBps"] = run["bytes_must_read_a"] / parts["a_total"] / 1e6
+    print(json.dumps(run), flush=True)
+    return run
+
+
+def read_bandwidth(dev: torch.device) -> float:
+    """GB/s this GPU reaches reading 4 GiB (a bf16 sum under graph replay)."""
+    big = torch.empty(2 << 30, dtype=torch.bfloat16, device=dev).fill_(1)
+    acc = torch.empty((), dtype=torch.float32, device=dev)
+    t = graph_time(lambda: torch.sum(big, dim=(0,), dtype=torch.float32, out=acc))
+    return big.numel() * 2 / t / 1e6
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
