@@ -166,8 +166,8 @@ def test_build_writes_report_plots_and_a_verdict(tmp_path):
     for png in ("throughput_vs_concurrency.png", "tpot_vs_context.png"):
         with Image.open(first / png) as img:
             assert img.format == "PNG" and img.size[0] > 300
-    assert summary["plots"]["throughput_vs_concurrency.png"] == {"sweep": [[1.0, 100.0], [4.0, 400.0]]}
-    assert summary["plots"]["tpot_vs_context.png"] == {"context": [[128.0, 6.0], [512.0, 9.0]]}
+    assert summary["plots"]["throughput_vs_concurrency.png"] == {"vLLM": [[1.0, 100.0], [4.0, 400.0]]}
+    assert summary["plots"]["tpot_vs_context.png"] == {"vLLM": [[128.0, 6.0], [512.0, 9.0]]}
 
     # The next run of the same host is compared with it: a throughput 30 % lower fails.
     second = _run_dir(tmp_path, "20260102T000000Z")

@@ -76,8 +76,10 @@ def _positive(value: Any, what: str) -> int:
     return value
 
 
-def generator_argv(settings: Settings, point: Point) -> list[str]:
-    """`vllm bench serve` for one point, bounded in time by coreutils' timeout."""
+def generator_argv(settings: Settings, point: Point, index: int = 0) -> list[str]:
+    """`vllm bench serve` for one point, bounded in time by coreutils' timeout. Each point
+    has its own seed (settings.seed + its index), so that its prompts are not those of the
+    point before, which the server's prefix cache would answer from memory."""
     argv = [
         *settings.wrapper,
         "timeout",
@@ -116,7 +118,7 @@ def generator_argv(settings: Settings, point: Point) -> list[str]:
         "--num-warmups",
         str(settings.warmups),
         "--seed",
-        str(settings.seed),
+        str(settings.seed + index),
         "--ready-check-timeout-sec",
         str(settings.ready_check_timeout_s),
         "--percentile-metrics",
@@ -175,5 +177,6 @@ def expand(
                                                            settings.min_prompts)
                 num_prompts = min(_positive(wanted, f"profile {name!r}: num_prompts"), settings.max_prompts)
                 point = Point(point_id, name, kind, input_len, output_len, concurrency, num_prompts)
-                points.append(Point(**{**point.as_dict(), "argv": generator_argv(settings, point)}))
+                argv = generator_argv(settings, point, len(points))
+                points.append(Point(**{**point.as_dict(), "argv": argv}))
     return points, skipped

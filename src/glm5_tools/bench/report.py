@@ -231,14 +231,15 @@ def plot(points: list[dict[str, Any]], run_dir: Path, others: dict[str, list[dic
     for filename, kind, x_key, y_key, y_label, title in specs:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         series: dict[str, list[list[float]]] = {}
+        # One line a server: every point of the kind (all its profiles), by x.
         for server, pts in servers.items():
             chosen = sorted((p for p in pts if p["kind"] == kind and p["figures"].get(y_key) is not None),
                             key=lambda p: p[x_key])
-            for profile in sorted({p["profile"] for p in chosen}):
-                xy = [[float(p[x_key]), float(p["figures"][y_key])] for p in chosen if p["profile"] == profile]
-                label = f"{server} {profile}" if server != "vLLM" or len(servers) > 1 else profile
-                series[label] = xy
-                ax.plot([a for a, _ in xy], [b for _, b in xy], marker="o", label=label)
+            if not chosen:
+                continue
+            xy = [[float(p[x_key]), float(p["figures"][y_key])] for p in chosen]
+            series[server] = xy
+            ax.plot([a for a, _ in xy], [b for _, b in xy], marker="o", label=server)
         if kind == "concurrency":
             per_user = {label: xy for label, xy in series.items()}
             drawn["throughput_vs_concurrency_per_user"] = {

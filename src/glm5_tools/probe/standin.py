@@ -19,7 +19,8 @@ For the serving benchmark (playbooks/bench.yml, docs/bench.md) it also answers
 It is NOT a model: the text is a fixed filler word, and its timing is a made-up
 model of a GPU server (prefill at PREFILL_TPS prompt tokens a second, decode at
 DECODE_TPS tokens a second for one stream, each further running stream slowing every
-stream by BATCH_SLOWDOWN), with a prompt's tokens estimated as characters / 4. The
+stream by BATCH_SLOWDOWN, and a stream's own context by CONTEXT_SLOWDOWN_TOKENS), with
+a prompt's tokens estimated as characters / 4. The
 figures a benchmark measures against it measure this double, nothing else.
 
 Standard library only; a single file, copied to the host as it is.
@@ -49,6 +50,8 @@ OWNER = "vllm_probe_standin"
 PREFILL_TPS = 20000.0
 DECODE_TPS = 200.0
 BATCH_SLOWDOWN = 0.05
+# Each token of context slows its stream's decode by 1 / CONTEXT_SLOWDOWN_TOKENS.
+CONTEXT_SLOWDOWN_TOKENS = 16384.0
 # Prefix-cache bookkeeping: a block is this many prompt characters (16 tokens of 4).
 BLOCK_CHARS = 64
 # KV capacity of the double, in tokens, for vllm:kv_cache_usage_perc.
@@ -245,10 +248,10 @@ class EngineState:
             self.prompt_tokens += tokens
         return tokens
 
-    def token_delay(self) -> float:
+    def token_delay(self, context: int) -> float:
         with self.lock:
             others = max(0, self.running - 1)
-        return (1.0 + self.slowdown * others) / self.decode_tps
+        return (1.0 + self.slowdown * others) * (1.0 + context / CONTEXT_SLOWDOWN_TOKENS) / self.decode_tps
 
     def step(self) -> None:
         with self.lock:
@@ -373,7 +376,7 @@ def make_handler(
                     self.end_headers()
                 for i in range(max_tokens):
                     if i:
-                        time.sleep(engine.token_delay())
+                        time.sleep(engine.token_delay(tokens + i))
                     engine.step()
                     generated += 1
                     if stream:
