@@ -57,3 +57,19 @@ def test_a_service_that_is_not_ready_is_refused_before_any_load(tmp_path):
     out = " ".join(run.stdout.split())
     assert "bench: refused, no load sent: the service on bench-local is not ready" in out, run.stdout[-3000:]
     assert "Start the generator" not in out and not (tmp_path / "results").exists()
+
+
+def test_the_side_by_side_is_refused_without_llama_server_or_gpus(tmp_path):
+    run = _play(tmp_path, {"bench_llama_cpp": True, "bench_llama_cpp_binary": str(tmp_path / "llama-server")})
+    assert run.returncode != 0
+    out = " ".join(run.stdout.split())
+    assert (f"the side-by-side with llama.cpp (bench_llama_cpp) is refused on bench-local: bench_llama_cpp_binary "
+            f"{tmp_path / 'llama-server'} is missing") in out, run.stdout[-3000:]
+    gguf = tmp_path / "m-00001-of-00002.gguf"
+    gguf.write_bytes(b"GGUF")
+    run = _play(tmp_path, {"bench_llama_cpp": True, "bench_llama_cpp_binary": "/bin/true",
+                           "bench_llama_cpp_gguf": str(gguf), "glm5_gpu_required": False})
+    assert run.returncode != 0
+    out = " ".join(run.stdout.split())
+    assert "refused on bench-local: no GPU to hand to llama-server (glm5_gpu_required False" in out, run.stdout[-3000:]
+    assert "Nothing was sent and vLLM was not stopped" in out
