@@ -10,8 +10,18 @@ files named on its command line. A failed check exits 1 (so the unit fails).
 
 Then it serves ``GET /health`` (no key) and ``GET /v1/models`` (Bearer key from
 VLLM_API_KEY, as vLLM does) so that the post-deploy HTTP checks have something real
-to talk to. It serves no completions: it is not a model. Its /v1/models answer says
-``owned_by: vllm_probe_standin`` so the correctness checks know to skip.
+to talk to. Its /v1/models answer says ``owned_by: vllm_probe_standin`` so the
+correctness checks know to skip, and carries ``max_model_len`` as vLLM's does.
+
+For the serving benchmark (playbooks/bench.yml, docs/bench.md) it also answers
+``POST /v1/completions`` the way a load generator talks to vLLM (server-sent events,
+``stream_options.include_usage``) and ``GET /metrics`` with vLLM's Prometheus names.
+It is NOT a model: the text is a fixed filler word, and its timing is a made-up
+model of a GPU server (prefill at PREFILL_TPS prompt tokens a second, decode at
+DECODE_TPS tokens a second for one stream, each further running stream slowing every
+stream by BATCH_SLOWDOWN, and a stream's own context by CONTEXT_SLOWDOWN_TOKENS), with
+a prompt's tokens estimated as characters / 4. The
+figures a benchmark measures against it measure this double, nothing else.
 
 Standard library only; a single file, copied to the host as it is.
 """
@@ -19,6 +29,7 @@ Standard library only; a single file, copied to the host as it is.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import mmap
 import multiprocessing
@@ -34,6 +45,19 @@ from pathlib import Path
 
 OWNER = "vllm_probe_standin"
 
+# The made-up timing model of the completions endpoint (module docstring); the
+# environment may change it (GLM5_STANDIN_PREFILL_TPS, ..._DECODE_TPS, ..._BATCH_SLOWDOWN).
+PREFILL_TPS = 20000.0
+DECODE_TPS = 200.0
+BATCH_SLOWDOWN = 0.05
+# Each token of context slows its stream's decode by 1 / CONTEXT_SLOWDOWN_TOKENS.
+CONTEXT_SLOWDOWN_TOKENS = 16384.0
+# Prefix-cache bookkeeping: a block is this many prompt characters (16 tokens of 4).
+BLOCK_CHARS = 64
+# KV capacity of the double, in tokens, for vllm:kv_cache_usage_perc.
+KV_CAPACITY_TOKENS = 1_000_000
+FILLER = " standin"
+
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=OWNER, add_help=False)
@@ -45,6 +69,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hf-config-path")
     parser.add_argument("--chat-template")
     parser.add_argument("--threads", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=2048)
     args, _unknown = parser.parse_known_args(argv)
     # `vllm serve MODEL ...`: the stand-in is run as `standin serve MODEL ...` too.
     if args.model == "serve":
@@ -183,7 +208,91 @@ def run_checks(args: argparse.Namespace) -> dict[str, str]:
     return results
 
 
-def make_handler(api_key: str | None, names: list[str]) -> type[BaseHTTPRequestHandler]:
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    return float(value) if value else default
+
+
+class EngineState:
+    """What /metrics reports: counters in vLLM's names, kept by the completions path."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.running_tokens = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.request_success = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.seen_blocks: set[bytes] = set()
+        self.prefill_tps = _env_float("GLM5_STANDIN_PREFILL_TPS", PREFILL_TPS)
+        self.decode_tps = _env_float("GLM5_STANDIN_DECODE_TPS", DECODE_TPS)
+        self.slowdown = _env_float("GLM5_STANDIN_BATCH_SLOWDOWN", BATCH_SLOWDOWN)
+
+    def admit(self, prompt: str) -> int:
+        """Counts the prompt (tokens, prefix-cache blocks); returns its token estimate."""
+        tokens = max(1, len(prompt) // 4)
+        digest = hashlib.sha256()
+        with self.lock:
+            for start in range(0, len(prompt) - BLOCK_CHARS + 1, BLOCK_CHARS):
+                digest.update(prompt[start : start + BLOCK_CHARS].encode())
+                key = digest.digest()
+                self.prefix_queries += BLOCK_CHARS // 4
+                if key in self.seen_blocks:
+                    self.prefix_hits += BLOCK_CHARS // 4
+                else:
+                    self.seen_blocks.add(key)
+            self.running += 1
+            self.running_tokens += tokens
+            self.prompt_tokens += tokens
+        return tokens
+
+    def token_delay(self, context: int) -> float:
+        with self.lock:
+            others = max(0, self.running - 1)
+        return (1.0 + self.slowdown * others) * (1.0 + context / CONTEXT_SLOWDOWN_TOKENS) / self.decode_tps
+
+    def step(self) -> None:
+        with self.lock:
+            self.generation_tokens += 1
+            self.running_tokens += 1
+
+    def finish(self, tokens: int, generated: int, ok: bool) -> None:
+        with self.lock:
+            self.running -= 1
+            self.running_tokens -= tokens + generated
+            if ok:
+                self.request_success += 1
+
+    def prometheus(self, name: str) -> str:
+        label = f'{{engine="0",model_name="{name}"}}'
+        with self.lock:
+            rows = [
+                ("vllm:num_requests_running", "gauge", self.running),
+                ("vllm:num_requests_waiting", "gauge", 0),
+                ("vllm:kv_cache_usage_perc", "gauge", self.running_tokens / KV_CAPACITY_TOKENS),
+                ("vllm:prefix_cache_queries_total", "counter", self.prefix_queries),
+                ("vllm:prefix_cache_hits_total", "counter", self.prefix_hits),
+                ("vllm:prompt_tokens_total", "counter", self.prompt_tokens),
+                ("vllm:generation_tokens_total", "counter", self.generation_tokens),
+            ]
+            success = self.request_success
+        out = [f"# {OWNER}: a TEST DOUBLE; these figures describe it, not vLLM"]
+        for metric, kind, value in rows:
+            out += [f"# TYPE {metric} {kind}", f"{metric}{label} {float(value)}"]
+        out += [
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{name}"}} {float(success)}',
+        ]
+        return "\n".join(out) + "\n"
+
+
+def make_handler(
+    api_key: str | None, names: list[str], max_model_len: int = 2048, state: EngineState | None = None
+) -> type[BaseHTTPRequestHandler]:
+    engine = state or EngineState()
+
     class Handler(BaseHTTPRequestHandler):
         server_version = OWNER
 
@@ -201,6 +310,14 @@ def make_handler(api_key: str | None, names: list[str]) -> type[BaseHTTPRequestH
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
+            if self.path == "/metrics":
+                data = engine.prometheus(names[0]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if not self.path.startswith("/v1/"):
                 self._send(404, {"error": "not found"})
                 return
@@ -209,12 +326,85 @@ def make_handler(api_key: str | None, names: list[str]) -> type[BaseHTTPRequestH
                 return
             if self.path == "/v1/models":
                 now = int(time.time())
-                data = [
-                    {"id": n, "object": "model", "created": now, "owned_by": OWNER} for n in names
+                cards = [
+                    {"id": n, "object": "model", "created": now, "owned_by": OWNER,
+                     "max_model_len": max_model_len}
+                    for n in names
                 ]
-                self._send(200, {"object": "list", "data": data})
+                self._send(200, {"object": "list", "data": cards})
                 return
             self._send(404, {"error": f"{OWNER} serves no {self.path}"})
+
+        def do_POST(self) -> None:
+            if self.path != "/v1/completions":
+                self._send(404, {"error": f"{OWNER} serves no POST {self.path}"})
+                return
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._send(401, {"error": "Unauthorized"})
+                return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                prompt = body["prompt"]
+                prompt = prompt if isinstance(prompt, str) else str(prompt[0])
+                max_tokens = int(body.get("max_tokens") or 16)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                self._send(400, {"error": f"bad request: {exc}"})
+                return
+            if body.get("model") not in names:
+                self._send(404, {"error": f"The model `{body.get('model')}` does not exist."})
+                return
+            # A lower bound of the prompt's tokens (no tokenizer here): at most 8 characters a token.
+            floor = len(prompt) // 8
+            if floor + max_tokens > max_model_len:
+                self._send(400, {"error": f">= {floor} prompt tokens + {max_tokens} > max_model_len {max_model_len}"})
+                return
+            self._complete(body, prompt, max_tokens)
+
+        def _complete(self, body: dict[str, object], prompt: str, max_tokens: int) -> None:
+            tokens = engine.admit(prompt)
+            generated, ok = 0, False
+            stream = bool(body.get("stream"))
+            usage_opts = body.get("stream_options")
+            usage_wanted = isinstance(usage_opts, dict) and bool(usage_opts.get("include_usage"))
+            base = {"id": f"cmpl-{OWNER}-{threading.get_ident()}", "object": "text_completion",
+                    "created": int(time.time()), "model": body.get("model")}
+            try:
+                time.sleep(tokens / engine.prefill_tps)
+                if stream:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                for i in range(max_tokens):
+                    if i:
+                        time.sleep(engine.token_delay(tokens + i))
+                    engine.step()
+                    generated += 1
+                    if stream:
+                        last = i == max_tokens - 1
+                        choice = {"index": 0, "text": FILLER, "logprobs": None,
+                                  "finish_reason": "length" if last else None}
+                        self._event({**base, "choices": [choice]})
+                # No tokenizer here: the usage names only what the double counted
+                # exactly (its tokens); the client keeps its own prompt count.
+                usage = {"completion_tokens": generated}
+                if stream:
+                    if usage_wanted:
+                        self._event({**base, "choices": [], "usage": usage})
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                else:
+                    choice = {"index": 0, "text": FILLER * generated, "logprobs": None,
+                              "finish_reason": "length"}
+                    self._send(200, {**base, "choices": [choice], "usage": usage})
+                ok = True
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                engine.finish(tokens, generated, ok)
+
+        def _event(self, payload: dict[str, object]) -> None:
+            self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            self.wfile.flush()
 
         def log_message(self, format: str, *args: object) -> None:
             sys.stderr.write(f"{OWNER}: {self.address_string()} {format % args}\n")
@@ -227,8 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     run_checks(args)
     names = args.served_model_name or [args.model or OWNER]
     server = ThreadingHTTPServer(
-        (args.host, args.port), make_handler(os.environ.get("VLLM_API_KEY"), names)
+        (args.host, args.port),
+        make_handler(os.environ.get("VLLM_API_KEY"), names, args.max_model_len),
     )
+    server.daemon_threads = True
     print(f"{OWNER}: serving {names} on {args.host}:{args.port}", flush=True)
     server.serve_forever()
     return 0
