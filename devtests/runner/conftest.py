@@ -25,13 +25,13 @@ def _docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], check=True, capture_output=True, text=True)
 
 
-@pytest.fixture(scope="session")
-def container() -> Iterator[str]:
+def _start(prefix: str) -> Iterator[str]:
+    """A fresh systemd container of the test image, removed afterwards."""
     if shutil.which("docker") is None or subprocess.run(
         ["docker", "image", "inspect", IMAGE], capture_output=True
     ).returncode:
         pytest.skip(f"needs Docker and the test image {IMAGE} (molecule/image/build.sh)")
-    name = f"glm5-runner-{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     _docker(
         "run", "-d", "--name", name, "--cap-add", "SYS_ADMIN",
         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
@@ -53,8 +53,15 @@ def container() -> Iterator[str]:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
 
-@pytest.fixture
-def run_playbook(container: str, tmp_path: Path):
+@pytest.fixture(scope="session")
+def container() -> Iterator[str]:
+    yield from _start("glm5-runner")
+
+
+def playbook_runner(container: str, tmp_path: Path):
+    """Runs a playbook of the repository against ``container`` through ansible-runner."""
+    count = iter(range(1_000_000))
+
     def _run(playbook: str, extravars: dict[str, Any], tags: str | None = None) -> Run:
         inventory = {
             "all": {"children": {"gpu_servers": {"hosts": {container: {
@@ -63,8 +70,10 @@ def run_playbook(container: str, tmp_path: Path):
             }}}}}
         }
         cmdline = f"--tags {tags}" if tags else None
+        private = tmp_path / f"run{next(count)}"
+        private.mkdir(parents=True)
         result = ansible_runner.run(
-            private_data_dir=str(tmp_path),
+            private_data_dir=str(private),
             playbook=str(ROOT / playbook),
             inventory=inventory,
             extravars=extravars,
@@ -72,6 +81,8 @@ def run_playbook(container: str, tmp_path: Path):
             envvars={
                 "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
                 "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+                # No facts cached from one container for the next one of the same name.
+                "ANSIBLE_CACHE_PLUGIN": "memory",
                 # ansible-playbook from the same venv as this pytest.
                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             },
@@ -80,3 +91,8 @@ def run_playbook(container: str, tmp_path: Path):
         return Run(rc=result.rc, events=list(result.events))
 
     return _run
+
+
+@pytest.fixture
+def run_playbook(container: str, tmp_path: Path):
+    return playbook_runner(container, tmp_path)
