@@ -1,12 +1,14 @@
 """Post-deploy checks after playbooks/rollback.yml (role rollback), and of rolling restarts.
 
 The rollback checks skip on a host where no rollback is in effect (no record, or a
-deploy since); the venv checks also where the rollback restored the unit only. The restart check reads the unit's journal on every host of the group
-and fails when two hosts were out of service at the same time.
+deploy since); the venv checks also where the rollback restored the unit only. The
+restart check reads the unit's journal on every host of the group and fails when two
+hosts were out of service at the same time.
 
 Environment: GLM5_ML_ENV_PATH (/opt/ml-env), GLM5_ML_ENV_ROOT (/opt/ml-envs),
 GLM5_UV_VENV (/opt/glm5-uv), GLM5_SERVED_MODEL_NAME (glm-5), GLM5_ROLLOUT_GROUP
-(gpu_servers), GLM5_READY_REGEX (what the service logs once it serves; vLLM's and
+(gpu_servers), GLM5_ROLLBACK_RECORD (/etc/glm5/vllm-<name>.rollback.yml),
+GLM5_READY_REGEX (what the service logs once it serves; vLLM's and
 vllm_probe_standin's lines by default). Set by molecule scenario upgrade, optional
 elsewhere: GLM5_ROLLBACK_EXPECTED_LOCK (a lock file on the controller: the venv rolled
 back to must be the one built from it) and GLM5_EXPECTED_RESTARTS (how many times each
