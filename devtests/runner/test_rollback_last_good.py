@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import _start, playbook_runner
+from runner_container import playbook_runner, start_container
 from runner_events import Run
 
 UNIT = "/etc/systemd/system/vllm-glm-5.service"
@@ -48,7 +48,7 @@ NEVER_READY: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def host() -> Iterator[str]:
-    yield from _start("glm5-rollback")
+    yield from start_container("glm5-rollback")
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,10 @@ from typing import Any
 
 import ansible_runner
 import pytest
-from conftest import PLAYBOOKS, ROOT
 from runner_events import Run
 
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 ML_PYTHON = ROOT / ".venv-ml" / "bin" / "python"
 PARSE = "Parse the ExecStart arguments with the installed vLLM's parser"
 RECORD = "Record the parse that passed (an identical one is skipped next time)"
