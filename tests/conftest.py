@@ -19,10 +19,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Role glm5's one derivation of the service's and the proxy's addresses, the very code
+# the playbooks template glm5_api_endpoints with.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "roles" / "glm5" / "filter_plugins"))
+from glm5_endpoints import glm5_endpoints, url_host
 
 
 def ansible_var(host: Any, name: str, default: Any = None) -> Any:
@@ -57,11 +64,11 @@ class Service:
 
     @property
     def url_host(self) -> str:
-        return "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host
+        return str(glm5_endpoints(self.host, self.port)["api_host"])
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.url_host}:{self.port}"
+        return str(glm5_endpoints(self.host, self.port)["api_url"])
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,8 @@ def service(host: Any) -> Service:
         name=str(name),
         unit=f"vllm-{name}",
         host=os.environ.get("GLM5_VLLM_HOST") or str(ansible_var(host, "vllm_service_host", "127.0.0.1")),
-        port=int(os.environ.get("GLM5_VLLM_PORT") or ansible_var(host, "vllm_service_port", 8000)),
+        port=int(os.environ.get("GLM5_VLLM_PORT") or ansible_var(host, "vllm_service_port", None)
+                 or ansible_var(host, "glm5_api_port", 8000)),
         api_key=str(key),
         gpu_required=_bool(gpu if gpu is not None else ansible_var(host, "glm5_gpu_required", True)),
         standin=unit_file.exists and "vllm_probe_standin" in unit_file.content_string,
@@ -173,13 +181,13 @@ def tls_proxy(host: Any) -> TlsProxy:
     enabled = _bool(env) if env is not None else _bool(ansible_var(host, "glm5_tls_proxy", unit.exists))
     return TlsProxy(
         enabled=enabled,
-        port=int(os.environ.get("GLM5_TLS_PROXY_PORT") or ansible_var(host, "glm5_tls_proxy_port", 8443)),
+        port=int(os.environ.get("GLM5_TLS_PROXY_PORT") or ansible_var(host, "tls_proxy_port", None)
+                 or ansible_var(host, "glm5_tls_proxy_port", 8443)),
         server_name=str(ansible_var(host, "tls_proxy_server_name", None) or host.backend.get_hostname()),
         self_signed=ansible_var(host, "tls_proxy_certificate_source", "content") == "self_signed",
         max_body=_size(ansible_var(host, "tls_proxy_client_max_body_size", "16m")),
         mask_distro_nginx=_bool(ansible_var(host, "tls_proxy_mask_distro_nginx", True)),
-        address={"0.0.0.0": "127.0.0.1", "::": "::1"}.get(
-            str((ansible_var(host, "tls_proxy_addresses", None) or ["0.0.0.0"])[0]), "127.0.0.1"),
+        address=url_host((ansible_var(host, "tls_proxy_addresses", None) or ["0.0.0.0"])[0]).strip("[]"),
     )
 
 

@@ -1,17 +1,15 @@
 """Post-deploy checks of the production phase (gpu_tuning, nccl_check, exposure).
 
 GPU checks skip, with a reason, on hosts without nvidia-smi (the molecule
-containers). Environment: GLM5_API_PORT (8000), GLM5_API_HOST (the address
-vLLM must bind, default 127.0.0.1), GLM5_SERVED_MODEL_NAME (glm-5),
-GLM5_KERNEL_ARGS (iommu=pt).
+containers). The API's address and port come from the ``service`` fixture (the
+inventory through role glm5's one derivation, or GLM5_VLLM_HOST / GLM5_VLLM_PORT).
+Environment: GLM5_SERVED_MODEL_NAME (glm-5), GLM5_KERNEL_ARGS (iommu=pt).
 """
 
 import os
 
 import pytest
 
-PORT = int(os.environ.get("GLM5_API_PORT", "8000"))
-API_HOST = os.environ.get("GLM5_API_HOST", "127.0.0.1")
 NAME = os.environ.get("GLM5_SERVED_MODEL_NAME", "glm-5")
 KERNEL_ARGS = os.environ.get("GLM5_KERNEL_ARGS", "iommu=pt").split()
 UNIT = f"vllm-{NAME}.service"
@@ -66,11 +64,11 @@ def test_production_nccl_check_shipped(host):
     assert host.file("/usr/local/lib/glm5-tools/glm5_tools/nccl_check/core.py").exists
 
 
-def test_production_firewall_table(host):
+def test_production_firewall_table(host, service):
     assert host.service("glm5-exposure-firewall.service").is_enabled
     table = host.run("nft list table inet glm5_exposure")
     assert table.rc == 0, table.stderr
-    assert f"{PORT}" in table.stdout
+    assert f"{service.port}" in table.stdout
     assert "drop" in table.stdout
     assert 'iifname "lo"' in table.stdout
 
@@ -88,11 +86,12 @@ def test_production_request_logging_off(host):
     assert "--enable-log-outputs" not in unit.content_string
 
 
-def test_production_bind_address(host):
+def test_production_bind_address(host, service):
     _service_up(host)
-    listening = host.run(f"ss -ltnH 'sport = :{PORT}'").stdout.split()
-    assert any(word.startswith(API_HOST) or word == f"[{API_HOST}]:{PORT}" for word in listening), (
-        f"port {PORT} not bound to {API_HOST}: {listening}"
+    port, api_host = service.port, service.host
+    listening = host.run(f"ss -ltnH 'sport = :{port}'").stdout.split()
+    assert any(word.startswith(api_host) or word == f"[{api_host}]:{port}" for word in listening), (
+        f"port {port} not bound to {api_host}: {listening}"
     )
 
 
@@ -100,7 +99,7 @@ def test_production_metrics(host, service):
     _service_up(host)
     if service.standin:
         pytest.skip("the unit runs vllm_probe_standin (test double), which has no vLLM metrics")
-    url = f"http://127.0.0.1:{PORT}/metrics" if API_HOST in ("0.0.0.0", "::") else (f"http://{API_HOST}:{PORT}/metrics")
+    url = f"{service.base_url}/metrics"
     out = host.run(
         "python3 -c 'import sys, urllib.request; "
         f'sys.stdout.write(urllib.request.urlopen("{url}", timeout=10).read().decode())\''

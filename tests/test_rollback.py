@@ -1,12 +1,14 @@
 """Post-deploy checks after playbooks/rollback.yml (role rollback), and of rolling restarts.
 
-The rollback checks skip on a host where no rollback is in effect (no record, or an
-upgrade since). The restart check reads the unit's journal on every host of the group
-and fails when two hosts were out of service at the same time.
+The rollback checks skip on a host where no rollback is in effect (no record, or a
+deploy since); the venv checks also where the rollback restored the unit only. The
+restart check reads the unit's journal on every host of the group and fails when two
+hosts were out of service at the same time.
 
 Environment: GLM5_ML_ENV_PATH (/opt/ml-env), GLM5_ML_ENV_ROOT (/opt/ml-envs),
 GLM5_UV_VENV (/opt/glm5-uv), GLM5_SERVED_MODEL_NAME (glm-5), GLM5_ROLLOUT_GROUP
-(gpu_servers), GLM5_READY_REGEX (what the service logs once it serves; vLLM's and
+(gpu_servers), GLM5_ROLLBACK_RECORD (/etc/glm5/vllm-<name>.rollback.yml),
+GLM5_READY_REGEX (what the service logs once it serves; vLLM's and
 vllm_probe_standin's lines by default). Set by molecule scenario upgrade, optional
 elsewhere: GLM5_ROLLBACK_EXPECTED_LOCK (a lock file on the controller: the venv rolled
 back to must be the one built from it) and GLM5_EXPECTED_RESTARTS (how many times each
@@ -32,7 +34,7 @@ UV_VENV = os.environ.get("GLM5_UV_VENV", "/opt/glm5-uv")
 NAME = os.environ.get("GLM5_SERVED_MODEL_NAME", "glm-5")
 UNIT = f"vllm-{NAME}.service"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
-RECORD = f"{ML_ENV_ROOT}/.glm5-rolled-back-from"
+RECORD = os.environ.get("GLM5_ROLLBACK_RECORD", f"/etc/glm5/vllm-{NAME}.rollback.yml")
 PREVIOUS = f"{ML_ENV_ROOT}/.glm5-previous"
 GROUP = os.environ.get("GLM5_ROLLOUT_GROUP", "gpu_servers")
 READY = re.compile(os.environ.get("GLM5_READY_REGEX", r"Application startup complete|vllm_probe_standin: serving"))
@@ -58,14 +60,25 @@ def _rollback(host: Any) -> dict[str, str]:
     if not record.exists:
         pytest.skip("no rollback was run on this host")
     data = yaml.safe_load(record.content_string)
-    assert isinstance(data, dict) and {"from", "to"} <= set(data), f"{RECORD}: {record.content_string!r}"
-    if host.file(ML_ENV).linked_to != data["to"]:
+    assert isinstance(data, dict) and {"from", "to", "unit_from", "unit_to", "good"} <= set(data), (
+        f"{RECORD}: {record.content_string!r}")
+    unit = host.file(UNIT_FILE)
+    if data["to"] and host.file(ML_ENV).linked_to != data["to"]:
         pytest.skip("the venv was upgraded after the last rollback")
-    return {"from": str(data["from"]), "to": str(data["to"])}
+    if not unit.exists or hashlib.sha256(unit.content).hexdigest() != data["unit_to"]:
+        pytest.skip("the unit was deployed again after the last rollback")
+    return {key: str(data[key]) for key in ("from", "to", "unit_from", "unit_to", "good")}
+
+
+def _venv_rollback(host: Any) -> dict[str, str]:
+    done = _rollback(host)
+    if done["from"] == done["to"]:
+        pytest.skip("the last rollback restored the unit only (same venv)")
+    return done
 
 
 def test_rollback_link_on_restored_complete_venv(host):
-    done = _rollback(host)
+    done = _venv_rollback(host)
     link = host.file(ML_ENV)
     assert link.is_symlink
     assert link.linked_to == done["to"] != done["from"]
@@ -78,7 +91,7 @@ def test_rollback_link_on_restored_complete_venv(host):
 
 
 def test_rollback_venv_matches_its_lock(host):
-    done = _rollback(host)
+    done = _venv_rollback(host)
     cmd = host.run(f"{ML_ENV}/bin/python {UV_VENV}/ml_env_verify.py {done['to']}/glm5-lock.txt")
     assert cmd.stdout, cmd.stderr
     report = json.loads(cmd.stdout.strip().splitlines()[-1])
@@ -88,13 +101,16 @@ def test_rollback_venv_matches_its_lock(host):
 def test_rollback_units_belong_to_their_venvs(host):
     done = _rollback(host)
     unit = host.file(UNIT_FILE)
-    if not unit.exists:
-        pytest.skip(f"{UNIT} is not installed on this host")
-    previous = host.file(f"{UNIT_FILE}.previous")
-    assert previous.exists, f"{UNIT_FILE}.previous: the unit of the version rolled back from is not kept"
-    assert unit.content_string != previous.content_string
+    # The restored unit is the last good one (it passed role vllm_service's readiness wait).
+    good = host.file(f"{UNIT_FILE}.good")
+    assert good.exists and good.content == unit.content, f"{UNIT_FILE}: not the last good unit"
+    assert hashlib.sha256(good.content).hexdigest() == done["good"]
     assert _unit_venv(unit.content_string) in ("", done["to"])
-    assert _unit_venv(previous.content_string) in ("", done["from"])
+    previous = host.file(f"{UNIT_FILE}.previous")
+    if previous.exists and hashlib.sha256(previous.content).hexdigest() == done["unit_from"]:
+        # Rolled back from a good unit: it is kept, for a forced second rollback to roll forward.
+        assert unit.content_string != previous.content_string
+        assert _unit_venv(previous.content_string) in ("", done["from"])
 
 
 def test_rollback_service_runs_on_restored_venv(host):
@@ -115,7 +131,7 @@ def test_rollback_expected_lock_restored(host):
     pinned versions are what imports from it."""
     if not EXPECTED_LOCK:
         pytest.skip("GLM5_ROLLBACK_EXPECTED_LOCK not set")
-    done = _rollback(host)
+    done = _venv_rollback(host)
     lock = Path(EXPECTED_LOCK).read_bytes()
     assert done["to"] == f"{ML_ENV_ROOT}/ml-env-{hashlib.sha256(lock).hexdigest()[:12]}"
     assert host.file(f"{ML_ENV}/glm5-lock.txt").content == lock

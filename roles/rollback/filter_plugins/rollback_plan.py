@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -11,41 +12,101 @@ _VENV = re.compile(r"/ml-env-[0-9a-f]+$")
 _UNIT_VENV = re.compile(r'^Environment="?GLM5_ML_ENV=([^"\n]*)"?\s*$', re.M)
 
 
+def unit_digest(text: str | None) -> str:
+    """sha256 of a unit's text ("" for no unit): how the rollback record names a unit."""
+    return hashlib.sha256(text.encode()).hexdigest() if text is not None else ""
+
+
 def rollback_plan(
+    unit: str | None,
+    good: str | None,
+    previous: str | None,
     markers: Sequence[Mapping[str, Any]],
-    current: str,
-    previous: str,
+    current_venv: str,
     state: Any,
 ) -> dict[str, Any]:
-    """Decide the rollback.
+    """Decide the rollback of the vLLM unit and the venv it runs on.
 
-    ``markers``: the completion markers of the versioned venvs (``find`` results with
-    ``path`` and ``mtime``); ``current``: the venv the stable link points at;
-    ``previous``: the venv role ml_env recorded when it last moved the link away from
-    it (``.glm5-previous``); ``state``: the rollback record, ``{from, to}``, of the
-    last rollback (anything else counts as none).
+    ``unit``: the unit in place; ``good``: <unit>.good, the last unit that passed role
+    vllm_service's readiness wait; ``previous``: <unit>.previous, the one that passed it
+    before ``good`` (each None or "" when the file is absent or empty); ``markers``: the completion
+    markers of the versioned venvs (``find`` results with ``path`` and ``mtime``);
+    ``current_venv``: where the stable venv link points ("" = not a link); ``state``:
+    the record of the last rollback (``{from, to, unit_to, good}``; anything else is none).
 
-    Done: the last rollback went from ``state.from`` to ``state.to``, the link is still
-    on ``to`` and ``previous`` still names ``from`` (role rollback writes it so). Any
-    later move of the link by role ml_env (an upgrade, to the same or another lock)
-    rewrites ``previous`` or moves the link, which re-arms the rollback.
+    The configuration in place (the unit and the venv link) is compared with the last good
+    one: when it differs (a run failed at the readiness wait, or the venv was moved
+    without a deploy), the target is the last good unit; when it is the last good one,
+    the one that passed before it. Only units that passed the readiness wait are ever
+    targets. The venv is the one the target unit names (GLM5_ML_ENV), which must still be
+    complete. Done: the last rollback's unit and venv are in place and no unit passed the
+    readiness wait since (a later good deploy re-arms it).
 
-    Target: ``previous`` when it is a complete venv other than the current one; else
-    (no record, e.g. venvs made before the record existed) the newest complete venv
-    other than the current one; "" when there is none.
+    Returns ``done``, ``target`` ("good", "previous" or "" when refused), ``unit`` (the
+    target's text), ``venv`` (the venv to point the link at, "" = leave it), ``error``
+    (why it is refused, "" otherwise) and ``record`` (what to write after the switch).
     """
-    complete = [
+    unit, good, previous = unit or None, good or None, previous or None
+    complete = {
         posixpath.dirname(str(m["path"]))
-        for m in sorted(markers, key=lambda m: float(m["mtime"]), reverse=True)
-    ]
-    complete = [path for path in complete if _VENV.search(path)]
+        for m in markers
+        if _VENV.search(posixpath.dirname(str(m["path"])))
+    }
     record = state if isinstance(state, Mapping) else {}
-    done = bool(record.get("to")) and record.get("to") == current and record.get("from") == previous
-    if previous and previous != current and previous in complete:
-        target = previous
+    plan: dict[str, Any] = {"done": False, "target": "", "unit": "", "venv": "", "error": "", "record": {}}
+    if (
+        unit is not None
+        and record.get("unit_to") == unit_digest(unit)
+        and record.get("good") == unit_digest(good)
+        and record.get("to", "") in ("", current_venv)
+    ):
+        plan["done"] = True
+        return plan
+    if good is None:
+        plan["error"] = (
+            "no unit has passed the readiness wait on this host (no {unit}.good recorded): "
+            "nothing known to serve to roll back to"
+        )
+        return plan
+    good_venv = rollback_unit_venv(good)
+    in_place_is_good = unit == good and good_venv in ("", current_venv)
+    if not in_place_is_good:
+        target, text = "good", good
+    elif previous is None or previous == good:
+        plan["error"] = (
+            "the unit in place is the last one that passed the readiness wait, and none passed "
+            "before it (no {unit}.previous recorded): nothing earlier to roll back to"
+        )
+        return plan
     else:
-        target = next((path for path in complete if path != current), "")
-    return {"done": done, "target": target}
+        target, text = "previous", previous
+    venv = rollback_unit_venv(text)
+    if venv and venv not in complete:
+        plan["error"] = (
+            f"the last good unit ({{unit}}.{target}) runs on {venv}, which is no longer a complete "
+            "venv (pruned? keep ml_env_keep at 2 or more)"
+        )
+        return plan
+    if venv and venv != current_venv and not current_venv:
+        plan["error"] = (
+            f"the last good unit ({{unit}}.{target}) runs on {venv}, but the stable venv path is not "
+            "a symlink to a versioned venv"
+        )
+        return plan
+    good_after = good if target == "good" else previous
+    plan.update(
+        target=target,
+        unit=text,
+        venv=venv if venv and venv != current_venv else "",
+        record={
+            "from": current_venv,
+            "to": venv or current_venv,
+            "unit_from": unit_digest(unit),
+            "unit_to": unit_digest(text),
+            "good": unit_digest(good_after),
+        },
+    )
+    return plan
 
 
 def rollback_unit_venv(unit_text: str) -> str:
@@ -58,4 +119,8 @@ class FilterModule:
     """rollback filters."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"rollback_plan": rollback_plan, "rollback_unit_venv": rollback_unit_venv}
+        return {
+            "rollback_plan": rollback_plan,
+            "rollback_unit_venv": rollback_unit_venv,
+            "rollback_unit_digest": unit_digest,
+        }

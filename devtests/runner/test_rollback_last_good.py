@@ -1,0 +1,146 @@
+"""Rollback restores only units that passed the readiness wait, and verify follows the
+configured port (issue 25), through ansible-runner against a systemd container running
+vllm_probe_standin (the TEST DOUBLE of `vllm serve`: no GPU here).
+
+One sequence on one container, as an operator would meet it:
+  1. rollback on a host where nothing ever passed the readiness wait is refused, naming why;
+  2. a good deploy G1 (port 8000): recorded as the last good unit;
+  3. a run whose service never gets ready fails at the readiness wait: nothing recorded;
+  4. rollback during that incident restores G1, which serves;
+  5. the failing run again, then a good re-converge G2 on a non-default port (8123):
+     verify passes there, and fails when pointed at another port;
+  6. rollback restores G1 (the last good one before G2, never the failed unit), it
+     serves on 8000 and verify passes; a rerun changes nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from runner_container import playbook_runner, start_container
+from runner_events import Run
+
+UNIT = "/etc/systemd/system/vllm-glm-5.service"
+FIXTURE = "/opt/glm5-fixture/model"
+KEY = "devtest-key-not-a-secret"
+SERVICE_VARS: dict[str, Any] = {
+    "glm5_gpu_required": False,
+    "vllm_service_command": ["/usr/bin/python3", "/opt/glm5-fixture/vllm_probe_standin.py", "serve"],
+    "vllm_service_validate_args": False,
+    "vllm_service_ready_timeout": 60,
+    "vllm_service_api_key": KEY,
+    "vllm_service_gguf_path": f"{FIXTURE}/gguf/UD-Q4_K_XL/GLM-5-UD-Q4_K_XL-00001-of-00002.gguf",
+    "vllm_service_tokenizer_dir": f"{FIXTURE}/base",
+    "vllm_service_hf_config_dir": f"{FIXTURE}/base",
+    "vllm_service_chat_template": f"{FIXTURE}/base/chat_template.jinja",
+    "rollback_health_delay": 1,
+    "rollback_health_retries": 60,
+}
+# A stand-in that starts and never listens (vLLM hung while loading), with a short wait.
+NEVER_READY: dict[str, Any] = {
+    "vllm_service_command": ["/usr/bin/python3", "-c", "import time; time.sleep(86400)"],
+    "vllm_service_ready_timeout": 10,
+}
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[str]:
+    yield from start_container("glm5-rollback")
+
+
+@pytest.fixture(scope="module")
+def run(host: str, tmp_path_factory: pytest.TempPathFactory):
+    return playbook_runner(host, tmp_path_factory.mktemp("rollback"))
+
+
+def _read(host: str, path: str) -> str | None:
+    res = subprocess.run(["docker", "exec", host, "cat", path], capture_output=True, text=True)
+    return res.stdout if res.returncode == 0 else None
+
+
+def _curl(host: str, port: int, path: str = "/health") -> int:
+    res = subprocess.run(
+        ["docker", "exec", host, "python3", "-c",
+         "import sys, urllib.request as u\n"
+         "try: print(u.urlopen(sys.argv[1], timeout=5).status)\n"
+         "except Exception as e: print(getattr(e, 'code', 0))",
+         f"http://127.0.0.1:{port}{path}"],
+        capture_output=True, text=True,
+    )
+    return int(res.stdout.strip() or 0)
+
+
+def _failed_task(result: Run) -> str:
+    return str(result.first_failure()["event_data"]["task"])
+
+
+def _message(result: Run) -> str:
+    return str(result.first_failure()["event_data"]["res"].get("msg", ""))
+
+
+def _changed(result: Run) -> list[str]:
+    return [e["event_data"].get("task", "?") for e in result.task_events()
+            if e["event_data"].get("res", {}).get("changed")]
+
+
+def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: str, run) -> None:
+    prepared = run("molecule/fixtures/model_standin_dir.yml", {})
+    assert prepared.rc == 0
+
+    # 1. Nothing passed yet: refused before any change, naming why.
+    refused = run("playbooks/rollback.yml", SERVICE_VARS)
+    assert refused.rc != 0
+    assert _failed_task(refused) == "Require a unit that passed the readiness wait to roll back to"
+    assert "no unit has passed the readiness wait" in _message(refused)
+    assert not _changed(refused)
+
+    # 2. A good deploy on the default port.
+    g1 = run("playbooks/service.yml", SERVICE_VARS)
+    assert g1.rc == 0, _message(g1) if g1.rc else ""
+    good_1 = _read(host, UNIT)
+    assert good_1 and _read(host, f"{UNIT}.good") == good_1
+    assert _read(host, f"{UNIT}.previous") is None
+
+    # 3. A run that never gets ready fails at the readiness wait; nothing is recorded.
+    bad = run("playbooks/service.yml", {**SERVICE_VARS, **NEVER_READY})
+    assert bad.rc != 0 and _failed_task(bad) == "Wait for /health"
+    bad_unit = _read(host, UNIT)
+    assert bad_unit and bad_unit != good_1 and "time.sleep" in bad_unit
+    assert _read(host, f"{UNIT}.good") == good_1
+    assert _read(host, f"{UNIT}.previous") is None
+
+    # 4. Rollback during the incident: back to G1, which serves.
+    back = run("playbooks/rollback.yml", SERVICE_VARS)
+    assert back.rc == 0, _message(back) if back.rc else ""
+    assert _read(host, UNIT) == good_1
+    assert _curl(host, 8000) == 200
+
+    # 5. Fail again, then re-converge with good settings on a non-default port.
+    assert run("playbooks/service.yml", {**SERVICE_VARS, **NEVER_READY}).rc != 0
+    port_vars = {**SERVICE_VARS, "glm5_api_port": 8123}
+    g2 = run("playbooks/service.yml", port_vars)
+    assert g2.rc == 0, _message(g2) if g2.rc else ""
+    good_2 = _read(host, UNIT)
+    assert good_2 and "--port 8123" in good_2
+    assert _read(host, f"{UNIT}.good") == good_2
+    assert _read(host, f"{UNIT}.previous") == good_1, "the previous good unit must be G1, not the failed one"
+    verified = run("playbooks/verify.yml", port_vars)
+    assert verified.rc == 0, _message(verified) if verified.rc else ""
+    assert any("8123" in str(e["event_data"].get("res", {}).get("url", "")) for e in verified.task_events())
+    # The check can fail: verify pointed at a port nothing serves on.
+    wrong = run("playbooks/verify.yml", {**SERVICE_VARS, "glm5_api_port": 8124, "vllm_service_ready_timeout": 5})
+    assert wrong.rc != 0 and _failed_task(wrong) == "Wait for vLLM's /health"
+
+    # 6. Rollback: the last good unit before G2 (G1), never the failed one; it serves.
+    rolled = run("playbooks/rollback.yml", SERVICE_VARS)
+    assert rolled.rc == 0, _message(rolled) if rolled.rc else ""
+    assert _read(host, UNIT) == good_1
+    assert _read(host, f"{UNIT}.good") == good_1
+    assert _read(host, f"{UNIT}.previous") == good_2
+    assert _curl(host, 8000) == 200 and _curl(host, 8000, "/v1/models") == 401
+    assert run("playbooks/verify.yml", SERVICE_VARS).rc == 0
+    again = run("playbooks/rollback.yml", SERVICE_VARS)
+    assert again.rc == 0 and not _changed(again)

@@ -1,0 +1,90 @@
+"""A systemd test container of the molecule test image, and ansible-runner driving the
+repository's playbooks against it (shared by devtests/runner's modules)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+import pytest
+from runner_events import Run
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE = os.environ.get("MOLECULE_IMAGE", "glm5-test/debian13-systemd:1")
+
+
+def _docker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], check=True, capture_output=True, text=True)
+
+
+def start_container(prefix: str) -> Iterator[str]:
+    """A fresh systemd container of the test image, removed afterwards."""
+    if shutil.which("docker") is None or subprocess.run(
+        ["docker", "image", "inspect", IMAGE], capture_output=True
+    ).returncode:
+        pytest.skip(f"needs Docker and the test image {IMAGE} (molecule/image/build.sh)")
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    _docker(
+        "run", "-d", "--name", name, "--cap-add", "SYS_ADMIN",
+        "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+        "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "--tmpfs", "/run", "--tmpfs", "/run/lock", IMAGE, "/sbin/init",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = subprocess.run(
+                ["docker", "exec", name, "systemctl", "is-system-running"],
+                capture_output=True, text=True,
+            ).stdout.strip()
+            if state in {"running", "degraded"}:
+                break
+            time.sleep(1)
+        yield name
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def playbook_runner(container: str, tmp_path: Path):
+    """Runs a playbook of the repository against ``container`` through ansible-runner."""
+    count = iter(range(1_000_000))
+
+    def _run(playbook: str, extravars: dict[str, Any], tags: str | None = None) -> Run:
+        inventory = {
+            "all": {"children": {"gpu_servers": {"hosts": {container: {
+                "ansible_connection": "community.docker.docker",
+                "ansible_python_interpreter": "/usr/bin/python3",
+            }}}}}
+        }
+        cmdline = f"--tags {tags}" if tags else None
+        private = tmp_path / f"run{next(count)}"
+        private.mkdir(parents=True)
+        result = ansible_runner.run(
+            private_data_dir=str(private),
+            playbook=str(ROOT / playbook),
+            inventory=inventory,
+            extravars=extravars,
+            cmdline=cmdline,
+            envvars={
+                "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+                "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+                # No facts cached from one container for the next one of the same name.
+                "ANSIBLE_CACHE_PLUGIN": "memory",
+                # One `docker exec` per task instead of four (the docker connection pipelines).
+                "ANSIBLE_PIPELINING": "true",
+                # ansible-playbook from the same venv as this pytest.
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+            },
+            quiet=True,
+        )
+        return Run(rc=result.rc, events=list(result.events))
+
+    return _run
