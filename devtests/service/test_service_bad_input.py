@@ -151,3 +151,14 @@ def test_attention_and_backend_must_match(run_local, model_files, attention, bac
     assert run.changed_before(failure) == []
 
 
+
+
+def test_api_key_with_newline_refused_without_printing_it(run_local, model_files):
+    """Issue 19: a key with a newline would end the env file's assignment and add a
+    variable of the attacker's choice; refused, naming the variable and "the value"."""
+    key = "devtest-secret-4b1c\nGLM5_INJECTED=pwned"
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_api_key": key})
+    _refused(run, REFUSE, "vllm_service_api_key: the value contains a newline")
+    text = json.dumps(run.events)
+    assert "devtest-secret-4b1c" not in text
+    assert "GLM5_INJECTED" not in text
