@@ -187,7 +187,7 @@ def test_good_settings_pass_the_validation_phase(site, host):
     run = site({}, playbook="playbooks/validate.yml")
     assert run.rc == 0, [e["event_data"]["res"].get("msg") for e in run.task_events()
                          if e["event"] == "runner_on_failed"]
-    assert "Remember that this run validated the host" in run.ok_tasks()
+    assert "Remember what this run validated on the host" in run.ok_tasks()
     assert not [e for e in run.task_events() if e["event_data"].get("res", {}).get("changed")]
 
 
