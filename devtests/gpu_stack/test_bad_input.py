@@ -75,7 +75,8 @@ def test_branch_590_refused_for_its_unversioned_package_names(tmp_path):
     res = run(tmp_path, "-e", "glm5_nvidia_driver_branch=590")
     assert res.returncode != 0, res.stdout
     out = " ".join(res.stdout.split())  # the yaml callback wraps long messages
-    assert "nvidia_driver_branch (glm5_nvidia_driver_branch) = ''590'' is refused: from 590 on NVIDIA names its packages" in out
+    assert ("nvidia_driver_branch (glm5_nvidia_driver_branch) = ''590'' is refused:"
+            " from 590 on NVIDIA names its packages") in out
     assert "expected one of 570, 575, 580." in out
     assert "nvidia-driver-pinning-590" in out
     assert "changed=" not in res.stdout.split("PLAY RECAP")[0]

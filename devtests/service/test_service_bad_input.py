@@ -122,7 +122,8 @@ def test_sparse_context_bounded_by_the_kv_cache(run_local, model_files):
 @pytest.mark.parametrize(
     ("extra", "text"),
     [
-        ({"vllm_service_max_model_len": 1024}, "= 1024 is refused with sparse attention; expected at least index_topk 2048"),
+        ({"vllm_service_max_model_len": 1024},
+         "= 1024 is refused with sparse attention; expected at least index_topk 2048"),
         ({"vllm_service_max_model_len": 262144}, "the model's max_position_embeddings 202752"),
         ({"vllm_service_max_model_len": 180000, "nvidia_driver_gpus": [{"memory_total": "40960 MiB"}],
           "vllm_service_gpu_memory_utilization": 0.5, "vllm_service_kv_reserve_mib": 4096},
