@@ -33,12 +33,15 @@ from runner_events import Run
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE_PLAY = "Validate — every setting of the run, before anything changes"
 REFUSE_TASK = "Refuse the run (one line per bad value; nothing was changed)"
-# From the playbook's start to the refusal (runner event timestamps). The phase itself
-# takes a few seconds on an idle machine (the report gives the measured medians); the
-# bound leaves room for a 2-core CI machine shared with the molecule stage.
-ELAPSED_BOUND_S = float(os.environ.get("GLM5_VALIDATE_BOUND_S", "30"))
+# From the playbook's start to the refusal (runner event timestamps). What makes the
+# refusal early is structural and asserted exactly: it is the validation play's last
+# task and no other play started. The time bound is a guard against a regression to
+# the old behaviour (refusals 78-91 s in, after three phases ran, on a quiet host) and
+# leaves room for the loaded 2-core CI machine (JOBS runs at once beside the molecule
+# stage): measured there, 30-100 s; on a quiet host a few seconds (docs/architecture.md).
+ELAPSED_BOUND_S = float(os.environ.get("GLM5_VALIDATE_BOUND_S", "150"))
 # Table rows run at a time (each is an ansible-playbook process).
-JOBS = int(os.environ.get("GLM5_VALIDATE_JOBS", "4"))
+JOBS = int(os.environ.get("GLM5_VALIDATE_JOBS", "3"))
 SNAPSHOT_DIRS = "/etc /opt /usr/local /srv /var/lib"
 # systemd's and apt's own bookkeeping changes without any run.
 SNAPSHOT_PRUNE = ("/var/lib/systemd", "/var/lib/apt/periodic", "/var/lib/dhcp")
@@ -175,10 +178,16 @@ def assert_refused_in_validation(run: Run) -> tuple[dict[str, Any], list[str]]:
     assert failure["event_data"]["task"] == REFUSE_TASK, failure["event_data"]["task"]
     assert failure["event_data"]["play"] == VALIDATE_PLAY
     assert run.changed_before(failure) == []
-    elapsed = refusal_seconds(run, failure)
-    assert elapsed < ELAPSED_BOUND_S, f"refused {elapsed:.1f} s after the start"
+    # No play after the validation phase started: nothing of a later phase ran.
+    plays = [e["event_data"].get("play") for e in run.events if e.get("event") == "playbook_on_play_start"]
+    assert plays == [VALIDATE_PLAY], plays
     lines = str(failure["event_data"]["res"]["msg"]).splitlines()
     return failure, lines
+
+
+def assert_in_time(run: Run) -> None:
+    elapsed = refusal_seconds(run, run.first_failure())
+    assert elapsed < ELAPSED_BOUND_S, f"refused {elapsed:.1f} s after the start"
 
 
 def test_good_settings_pass_the_validation_phase(site, host):
@@ -216,6 +225,7 @@ def test_bad_input_refused_before_any_change(table, row_id, texts):
     # One line names the variable and the value (and what else the row requires).
     assert any(all(t in line for t in texts) for line in lines), lines
     assert SECRET_MARK not in stdout(run)
+    assert_in_time(run)
 
 
 def test_table_timing(table):
@@ -242,6 +252,7 @@ def test_several_bad_values_one_line_each(site, host):
     for text in expected:
         assert len([line for line in lines if text in line]) == 1, (text, lines)
     assert len(lines) == len(expected), lines
+    assert_in_time(run)
 
 
 def test_only_the_failed_check_is_named(site, host):
@@ -252,6 +263,7 @@ def test_only_the_failed_check_is_named(site, host):
     assert len(lines) == 1, lines
     for fine in ("served", "api_key", "gpu_memory_utilization", "one of these"):
         assert fine not in lines[0]
+    assert_in_time(run)
 
 
 @pytest.mark.parametrize("cmdline", ["--check --diff", "--tags service"])
@@ -260,6 +272,7 @@ def test_check_mode_and_one_phase_are_validated_too(site, host, cmdline):
     run = site({"vllm_service_port": 0}, cmdline=cmdline)
     _, lines = assert_refused_in_validation(run)
     assert any("vllm_service_port" in line for line in lines)
+    assert_in_time(run)
 
 
 def test_port_held_by_another_program_keeps_the_service_up(site, host):
@@ -299,3 +312,4 @@ def test_port_held_by_another_program_keeps_the_service_up(site, host):
         capture_output=True, text=True, check=True,
     )
     assert after.stdout.strip() == "200"
+    assert_in_time(run)
