@@ -71,3 +71,38 @@ def test_bad_names_refused(name):
 
 def test_bool_is_written_like_yaml():
     assert q.unit_environment("K", True) == '"K=true"'
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        ("", "is empty"),
+        ("ab\ncd", "contains a newline"),
+        ("schlüssel", "outside printable ASCII (U+00FC) at character 5"),
+        (" lead", "starts or ends with a space"),
+        ("trail ", "starts or ends with a space"),
+        (12345, "is a int, not a string"),
+    ],
+)
+def test_http_token_problem(key, problem):
+    assert problem in q.http_token_problem(key)
+
+
+def test_http_token_accepts_printable_ascii():
+    assert q.http_token_problem("a $ \\ \" ' % # ; ~ z" + "k" * 200) == ""
+
+
+def test_environment_problems_name_the_variable_and_entry_only():
+    got = q.environment_problems({"OK": "1", "BAD NAME": "x", "K": "sec\nret"}, "vllm_service_environment")
+    assert got == [
+        "vllm_service_environment: 'BAD NAME' is not an environment variable name "
+        "(letters, digits and _, not starting with a digit)",
+        "vllm_service_environment: the value of K contains a newline at character 4 of 7",
+    ]
+    assert q.environment_problems(["x"], "v") == ["v must be a mapping of variable names to values, got a list"]
+
+
+def test_exec_problems_number_the_words():
+    assert q.exec_problems(["--a", "b\x00", "c"], "vllm_service_extra_args") == [
+        "vllm_service_extra_args: word 2 contains a NUL character at character 2 of 2"]
+    assert q.exec_problems("--a b", "v") == ["v must be a list of words, got a str"]

@@ -84,11 +84,56 @@ def systemd_problem(value: Any) -> str:
     return ""
 
 
+def http_token_problem(value: Any) -> str:
+    """What keeps ``value`` from being sent as an HTTP Bearer token ("" = nothing).
+
+    vLLM compares the Authorization header as the server decodes it (latin-1) with the
+    key's UTF-8 bytes, HTTP clients send header values as ASCII (httpx refuses anything
+    else) and servers strip spaces around a header value: a key is printable ASCII
+    (space to ~) without a space at either end. Never quotes the value."""
+    if not isinstance(value, str) or value == "":
+        return "is empty" if value == "" else f"is a {type(value).__name__}, not a string"
+    problem = systemd_problem(value)
+    if problem:
+        return problem
+    for index, ch in enumerate(value):
+        if not " " <= ch <= "~":
+            return f"contains a character outside printable ASCII (U+{ord(ch):04X}) at character {index + 1}"
+    if value[0] == " " or value[-1] == " ":
+        return "starts or ends with a space"
+    return ""
+
+
 def env_name_problem(name: Any) -> str:
     """What makes ``name`` no environment variable name ("" = nothing)."""
     if not isinstance(name, str) or ENV_NAME.fullmatch(name) is None:
         return "is not an environment variable name (letters, digits and _, not starting with a digit)"
     return ""
+
+
+def environment_problems(mapping: Any, variable: str) -> list[str]:
+    """One sentence per entry of ``mapping`` (name -> value) that a unit cannot carry,
+    each naming ``variable`` and the entry's name (never its value)."""
+    if not isinstance(mapping, dict):
+        return [f"{variable} must be a mapping of variable names to values, got a {type(mapping).__name__}"]
+    out = []
+    for name, value in mapping.items():
+        problem = env_name_problem(name)
+        if problem:
+            out.append(f"{variable}: {str(name)!r} {problem}")
+            continue
+        problem = systemd_problem(value)
+        if problem:
+            out.append(f"{variable}: the value of {name} {problem}")
+    return out
+
+
+def exec_problems(words: Any, variable: str) -> list[str]:
+    """One sentence per word of ``words`` (a command line) that a unit cannot carry."""
+    if not isinstance(words, list):
+        return [f"{variable} must be a list of words, got a {type(words).__name__}"]
+    return [f"{variable}: word {index + 1} {problem}"
+            for index, problem in enumerate(systemd_problem(w) for w in words) if problem]
 
 
 def _checked(value: Any, what: str) -> str:
@@ -143,6 +188,9 @@ class FilterModule:
         return {
             "glm5_systemd_problem": systemd_problem,
             "glm5_env_name_problem": env_name_problem,
+            "glm5_http_token_problem": http_token_problem,
+            "glm5_systemd_environment_problems": environment_problems,
+            "glm5_systemd_exec_problems": exec_problems,
             "glm5_systemd_env_file_line": env_file_line,
             "glm5_systemd_environment": unit_environment,
             "glm5_systemd_exec_args": exec_args,
