@@ -99,10 +99,15 @@ def test_systemd_reads_back_every_value(container):
     assert len(got["env"]) == 2 * len(VALUES)
 
 
-def test_program_path_with_space_and_percent(container):
-    _exec(container, "sh", "-c", "mkdir -p '/root/a dir%' && ln -sf /usr/bin/python3 '/root/a dir%/py 3'")
-    got = _run_unit(container, _unit(q.exec_args(["/root/a dir%/py 3", "/root/quote-dump.py", "x"]), []), "")
+def test_program_path_with_space_and_percent_and_a_prefix(container):
+    """The program word quoted too, also behind the "+" prefix (vLLM's ExecStartPre=+)."""
+    _exec(container, "sh", "-c", "mkdir -p '/root/a dir%' && ln -sf /usr/bin/python3 '/root/a dir%/py 3' "
+                                 "&& rm -f '/root/pre ran'")
+    unit = _unit(q.exec_args(["/root/a dir%/py 3", "/root/quote-dump.py", "x"]), []).replace(
+        "ExecStart=", "ExecStartPre=+" + q.exec_args(["/usr/bin/touch", "/root/pre ran"]) + "\nExecStart=")
+    got = _run_unit(container, unit, "")
     assert got["argv"] == ["x"]
+    _exec(container, "test", "-e", "/root/pre ran")
 
 
 def test_old_quoting_changes_values(container):
