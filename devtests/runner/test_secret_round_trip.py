@@ -172,14 +172,25 @@ def test_unrepresentable_key_refused_before_change_and_never_shown(container, pr
         assert part not in json.dumps(run.events), f"{part!r} of the key in the runner events"
 
 
-def test_failing_key_request_at_vvv_never_shows_the_key(container, deployed, tmp_path):
-    """playbooks/verify.yml pointed at unit rt-1's port with rt-0's key: its /v1/models
-    task (no_log, Authorization header) fails with 401. -vvv shows neither key."""
+@pytest.mark.parametrize(
+    ("key", "port", "task"),
+    [(KEYS[0], PORT + 1, "/v1/models lists the served name"),
+     ("rt-FIRSTHALF\nGLM5_INJECTED=pwned-SECONDHALF", PORT, "Refuse an API key no HTTP client can send")],
+    ids=["other-unit's-key", "newline-key"],
+)
+def test_failing_key_request_at_vvv_never_shows_the_key(container, deployed, tmp_path, key, port, task):
+    """playbooks/verify.yml with a key the unit does not take: rt-0's key on rt-1's port
+    (its no_log /v1/models task fails with 401), and a key with a newline. Failing first
+    for the latter: verify.yml sent it, Python's HTTP client refused the header naming
+    its value, and ansible-core 2.19 printed that error ("[ERROR]: Task failed: ...
+    Invalid header value b'Bearer ...'") despite no_log (the issue's leak). Now refused
+    before any request. -vvv shows no part of either key."""
     run, stdout = _run(container, tmp_path, "playbooks/verify.yml",
                        {"glm5_gpu_required": False, "vllm_service_served_model_name": "rt-0",
-                        "vllm_service_port": PORT + 1, "vllm_service_api_key": KEYS[0]}, verbosity=3)
+                        "vllm_service_port": port, "vllm_service_api_key": key}, verbosity=3)
     assert run.rc != 0
-    assert run.first_failure()["event_data"]["task"] == "/v1/models lists the served name"
-    for key in (KEYS[0], KEYS[1]):
-        assert key not in stdout and json.dumps(key)[1:-1] not in stdout
-        assert json.dumps(key)[1:-1] not in json.dumps(run.events)
+    assert run.first_failure()["event_data"]["task"] == task
+    events = json.dumps(run.events)
+    for secret in {key, KEYS[port - PORT]}:
+        for part in [secret, json.dumps(secret)[1:-1], *secret.split("\n")]:
+            assert part not in stdout and part not in events, f"{part[:12]!r}... of a key in the -vvv output"
