@@ -10,8 +10,11 @@ files named on its command line. A failed check exits 1 (so the unit fails).
 
 Then it serves ``GET /health`` (no key) and ``GET /v1/models`` (Bearer key from
 VLLM_API_KEY, as vLLM does) so that the post-deploy HTTP checks have something real
-to talk to. It serves no completions: it is not a model. Its /v1/models answer says
-``owned_by: vllm_probe_standin`` so the correctness checks know to skip.
+to talk to. It is not a model: ``POST /v1/completions`` and ``/v1/chat/completions``
+(same key check) answer one fixed text after VLLM_PROBE_STANDIN_LATENCY_MS
+milliseconds (default 0), so that a router in front of it has requests to spread and
+to hold in flight (molecule/fleet). Its /v1/models answer and its completions say
+``owned_by`` / ``model`` so the correctness checks know to skip.
 
 Standard library only; a single file, copied to the host as it is.
 """
@@ -183,9 +186,16 @@ def run_checks(args: argparse.Namespace) -> dict[str, str]:
     return results
 
 
-def make_handler(api_key: str | None, names: list[str]) -> type[BaseHTTPRequestHandler]:
+def make_handler(
+    api_key: str | None, names: list[str], latency_s: float = 0.0
+) -> type[BaseHTTPRequestHandler]:
+    running = [0]
+    running_lock = threading.Lock()
+
     class Handler(BaseHTTPRequestHandler):
         server_version = OWNER
+        # Keep-alive, as vLLM (uvicorn) does: a router reuses its connections.
+        protocol_version = "HTTP/1.1"
 
         def _send(self, status: int, body: object) -> None:
             data = json.dumps(body).encode()
@@ -200,6 +210,20 @@ def make_handler(api_key: str | None, names: list[str]) -> type[BaseHTTPRequestH
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if self.path == "/metrics":
+                # vLLM's gauge of requests in flight (no key, as vLLM's /metrics): what a
+                # rolling upgrade waits on before it restarts a drained backend.
+                with running_lock:
+                    n = running[0]
+                text = "".join(
+                    f'vllm:num_requests_running{{model_name="{m}"}} {n}\n' for m in names
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
                 return
             if not self.path.startswith("/v1/"):
                 self._send(404, {"error": "not found"})
@@ -216,6 +240,48 @@ def make_handler(api_key: str | None, names: list[str]) -> type[BaseHTTPRequestH
                 return
             self._send(404, {"error": f"{OWNER} serves no {self.path}"})
 
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._send(401, {"error": "Unauthorized"})
+                return
+            chat = self.path == "/v1/chat/completions"
+            if self.path != "/v1/completions" and not chat:
+                self._send(404, {"error": f"{OWNER} serves no {self.path}"})
+                return
+            try:
+                request = json.loads(body or b"{}")
+            except ValueError:
+                self._send(400, {"error": "body is not JSON"})
+                return
+            model = request.get("model") if isinstance(request, dict) else None
+            if model not in names:
+                self._send(404, {"error": f"model {model!r} is not served here"})
+                return
+            with running_lock:
+                running[0] += 1
+            try:
+                time.sleep(latency_s)
+            finally:
+                with running_lock:
+                    running[0] -= 1
+            text = f"{OWNER} on {socket.gethostname()}"
+            choice: dict[str, object] = (
+                {"index": 0, "message": {"role": "assistant", "content": text},
+                 "finish_reason": "stop"}
+                if chat else {"index": 0, "text": text, "finish_reason": "stop"}
+            )
+            self._send(200, {
+                "id": f"{OWNER}-{time.monotonic_ns()}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "owned_by": OWNER,
+                "choices": [choice],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            })
+
         def log_message(self, format: str, *args: object) -> None:
             sys.stderr.write(f"{OWNER}: {self.address_string()} {format % args}\n")
 
@@ -226,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     run_checks(args)
     names = args.served_model_name or [args.model or OWNER]
+    latency_s = int(os.environ.get("VLLM_PROBE_STANDIN_LATENCY_MS") or 0) / 1000
     server = ThreadingHTTPServer(
-        (args.host, args.port), make_handler(os.environ.get("VLLM_API_KEY"), names)
+        (args.host, args.port), make_handler(os.environ.get("VLLM_API_KEY"), names, latency_s)
     )
     print(f"{OWNER}: serving {names} on {args.host}:{args.port}", flush=True)
     server.serve_forever()

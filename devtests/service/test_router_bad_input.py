@@ -1,0 +1,87 @@
+"""Bad input to role vllm_router (and a multi-node setting to vllm_service) is refused,
+with a message naming the variable and the accepted form, before any task changes the
+host (runner events, check mode on this machine). The inventory of run_local puts
+localhost in gpu_servers, so by default the router has one backend: localhost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+KEY = {"vllm_router_api_key": "devtest-key", "vllm_service_api_key": "devtest-key"}
+
+
+def message(event) -> str:
+    res = event["event_data"]["res"]
+    return str(res.get("msg", "")) + json.dumps(res.get("results", []))
+
+
+def _refused(run, task: str, text: str) -> None:
+    assert run.rc != 0
+    failure = run.first_failure()
+    assert failure["event_data"]["task"] == task
+    assert text in message(failure), message(failure)
+    assert run.changed_before(failure) == []
+
+
+def test_router_without_backends(run_local):
+    run = run_local("router_role.yml", {**KEY, "vllm_router_backend_group": "no_such_group"})
+    _refused(run, "Refuse a router without backends", "vllm_router_backends is empty")
+
+
+@pytest.mark.parametrize("port", [0, 70000, "80a"])
+def test_backend_port_out_of_range(run_local, port):
+    backends = [{"host": "gpu09", "address": "192.0.2.9", "port": port}]
+    run = run_local("router_role.yml", {**KEY, "vllm_router_backends": backends})
+    _refused(run, "Refuse a backend port out of range", f"backend gpu09 has port '{port}'")
+
+
+def test_unknown_policy(run_local):
+    run = run_local("router_role.yml", {**KEY, "vllm_router_policy": "fastest"})
+    _refused(run, "Refuse an unknown routing policy", "vllm_router_policy 'fastest' is not one of cache_aware")
+
+
+def test_loopback_backend_on_another_host(run_local):
+    backends = [{"host": "gpu09", "address": "127.0.0.1", "port": 8000}]
+    run = run_local("router_role.yml", {**KEY, "vllm_router_backends": backends})
+    _refused(run, "Refuse a loopback backend on another host", "listens on '127.0.0.1'")
+
+
+def test_open_admin_api(run_local):
+    run = run_local("router_role.yml", {**KEY, "vllm_router_host": "0.0.0.0"})
+    _refused(run, "Refuse the admin API on a non-loopback address", "vllm_router_host '0.0.0.0' is not loopback")
+
+
+def test_missing_key(run_local):
+    run = run_local("router_role.yml", {"vllm_router_api_key": ""})
+    _refused(run, "Refuse a missing API key", "vllm_router_api_key is empty")
+
+
+def test_backend_key_differs(run_local):
+    run = run_local("router_role.yml", {"vllm_router_api_key": "a", "vllm_service_api_key": "b"})
+    assert run.rc != 0
+    failure = run.first_failure()
+    assert failure["event_data"]["task"] == "Refuse backends whose key differs from the router's"
+    assert run.changed_before(failure) == []
+
+
+def test_extra_args_repeat_a_flag(run_local):
+    run = run_local("router_role.yml", {**KEY, "vllm_router_extra_args": ["--policy", "random"]})
+    _refused(run, "Refuse extra arguments that set a flag the role sets", "repeats a flag the role")
+
+
+def test_lock_of_another_version(run_local):
+    run = run_local("router_role.yml", {**KEY, "vllm_router_version": "0.1.16"})
+    _refused(run, "Refuse a lock that does not pin vllm-router at vllm_router_version",
+             "must pin vllm-router==0.1.16")
+
+
+@pytest.mark.parametrize("extra", [{"vllm_service_nnodes": 2},
+                                   {"vllm_service_extra_args": ["--nnodes", "2"]},
+                                   {"vllm_service_extra_args": ["--master_addr=10.0.0.1"]},
+                                   {"vllm_service_extra_args": ["-pp", "2"]}])
+def test_multinode_refused(run_local, model_files, extra):
+    run = run_local("service_role.yml", {**model_files, **extra})
+    _refused(run, "Refuse one replica over several servers (not supported yet)",
+             "one replica over several servers is not supported yet")
