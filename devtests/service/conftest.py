@@ -34,18 +34,20 @@ if str(ROOT / "src") not in sys.path:
 
 @pytest.fixture
 def run_local(tmp_path: Path):
-    def _run(playbook: str, extravars: dict[str, Any]) -> Run:
-        (tmp_path / "runner").mkdir(exist_ok=True)
+    def _run(playbook: str, extravars: dict[str, Any], *, check: bool = True) -> Run:
+        # a private data dir per run: one test may run several playbooks
+        private = tmp_path / f"runner{len(list(tmp_path.glob('runner*')))}"
+        private.mkdir()
         inventory = {"all": {"children": {"gpu_servers": {"hosts": {"localhost": {
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
         }}}}}}
         result = ansible_runner.run(
-            private_data_dir=str(tmp_path / "runner"),
+            private_data_dir=str(private),
             playbook=str(PLAYBOOKS / playbook),
             inventory=inventory,
             extravars={"glm5_gpu_required": False, **extravars},
-            cmdline="--check",
+            cmdline="--check" if check else None,
             envvars={
                 "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
                 "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),

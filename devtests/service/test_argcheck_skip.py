@@ -6,42 +6,18 @@ check mode: the record goes to a temporary directory (vllm_service_config_dir)."
 
 from __future__ import annotations
 
-import os
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import ansible_runner
 import pytest
 from runner_events import Run
 
 ROOT = Path(__file__).resolve().parents[2]
-PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 ML_PYTHON = ROOT / ".venv-ml" / "bin" / "python"
 PARSE = "Parse the ExecStart arguments with the installed vLLM's parser"
 RECORD = "Record the parse that passed (an identical one is skipped next time)"
 
 pytestmark = pytest.mark.skipif(not ML_PYTHON.exists(), reason="needs .venv-ml (scripts/ml-venv) with vLLM 0.20.2")
-
-
-def _run(tmp_path: Path, extravars: dict[str, Any]) -> Run:
-    private = tmp_path / f"runner{len(list(tmp_path.glob('runner*')))}"
-    private.mkdir()
-    result = ansible_runner.run(
-        private_data_dir=str(private),
-        playbook=str(PLAYBOOKS / "service_argcheck.yml"),
-        inventory={"all": {"children": {"gpu_servers": {"hosts": {"localhost": {
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}},
-        extravars={"glm5_gpu_required": False, **extravars},
-        envvars={
-            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-            "ANSIBLE_CACHE_PLUGIN": "memory",
-            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        },
-        quiet=True,
-    )
-    return Run(rc=result.rc, events=list(result.events))
 
 
 def _status(run: Run, task: str) -> str:
@@ -54,7 +30,9 @@ def _changed(run: Run) -> list[str]:
     return [e["event_data"]["task"] for e in run.task_events() if e["event_data"].get("res", {}).get("changed")]
 
 
-def test_identical_parse_skipped_changed_inputs_parsed(tmp_path: Path, model_files: dict[str, str]) -> None:
+def test_identical_parse_skipped_changed_inputs_parsed(
+    tmp_path: Path, model_files: dict[str, str], run_local: Callable[..., Run]
+) -> None:
     venv = tmp_path / "venv"
     (venv / "lib" / "python3.12" / "site-packages" / "vllm").mkdir(parents=True)
     (venv / ".glm5-lock.sha256").write_text("a" * 64 + "\n")
@@ -71,14 +49,14 @@ def test_identical_parse_skipped_changed_inputs_parsed(tmp_path: Path, model_fil
         "vllm_service_config_dir": str(config),
     }
 
-    first = _run(tmp_path, base)
+    first = run_local("service_argcheck.yml", base, check=False)
     assert first.rc == 0
     assert _status(first, PARSE) == "runner_on_ok"
     assert RECORD in _changed(first)
     record = (config / "vllm-glm-5.argcheck.sha256").read_text()
 
     # Nothing changed: no parse, no change.
-    again = _run(tmp_path, base)
+    again = run_local("service_argcheck.yml", base, check=False)
     assert again.rc == 0
     assert _status(again, PARSE) == "runner_on_skipped"
     assert _changed(again) == []
@@ -93,12 +71,12 @@ def test_identical_parse_skipped_changed_inputs_parsed(tmp_path: Path, model_fil
             (venv / ".glm5-lock.sha256").write_text("b" * 64 + "\n")
         else:
             manifest.write_text('{"patches": ["0001", "0002"]}\n')
-        parsed = _run(tmp_path, extra)
+        parsed = run_local("service_argcheck.yml", extra, check=False)
         assert parsed.rc == 0, change
         assert _status(parsed, PARSE) == "runner_on_ok", change
         assert RECORD in _changed(parsed), change
 
     # A bad argument after a recorded good parse is still refused by vLLM's parser.
-    bad = _run(tmp_path, {**base, "vllm_service_extra_args": ["--no-such-flag"]})
+    bad = run_local("service_argcheck.yml", {**base, "vllm_service_extra_args": ["--no-such-flag"]}, check=False)
     assert bad.rc != 0
     assert bad.first_failure()["event_data"]["task"] == PARSE
