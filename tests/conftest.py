@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,7 +223,7 @@ def gpu_exporter(host: Any) -> GpuExporter:
     args: dict[str, str] = {}
     if unit.exists:
         exec_line = next((ln for ln in unit.content_string.splitlines() if ln.startswith("ExecStart=")), "")
-        words = exec_line.split()
+        words = shlex.split(exec_line.removeprefix("ExecStart="))
         args = {w[2:]: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
     return GpuExporter(
         enabled=enabled,

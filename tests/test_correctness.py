@@ -9,6 +9,7 @@ playbooks/verify.yml.
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -23,7 +24,8 @@ def test_correctness_probe(host, service):
     if not host.file(f"{PROBE_DIR}/glm5_tools/probe/__main__.py").exists:
         pytest.skip(f"probe not shipped to {PROBE_DIR} (run playbooks/verify.yml)")
     cmd = host.run(
-        f"printf %s '{service.api_key}' | (read -r VLLM_API_KEY; export VLLM_API_KEY; "
+        # printf is the shell's builtin: the key shows in no process list; quoted for any key.
+        f"printf %s {shlex.quote(service.api_key)} | (IFS= read -r VLLM_API_KEY; export VLLM_API_KEY; "
         f"PYTHONPATH={PROBE_DIR} python3 -m glm5_tools.probe --base-url {service.base_url} "
         f"--model {service.name})"
     )

@@ -50,11 +50,42 @@ def test_kept_venvs_at_most_two(host):
     assert 1 <= len(listed) <= 2, listed
 
 
-def test_venv_owned_by_service_account(host):
+# What root runs and imports (docs/production.md, "What root runs"): the venvs (every
+# version: a rollback runs the previous one), uv's tool venv, the shipped glm5_tools and
+# helper scripts, flash_attn's build tree.
+ROOT_RUN_PATHS = (ML_ENV_ROOT, UV_VENV, "/opt/glm5-tools", "/usr/local/lib/glm5-tools",
+                  "/usr/local/libexec/glm5", FA_BUILD_DIR)
+SERVICE_USER = os.environ.get("GLM5_SERVICE_USER", "vllm")
+
+
+def writable_by(host, user: str, paths: tuple[str, ...] = ROOT_RUN_PATHS) -> list[str]:
+    """What ``user`` may write under ``paths`` (find -writable asks the kernel, as that user)."""
+    present = [p for p in paths if host.file(p).exists]
+    if not present:
+        return []
+    cmd = host.run(f"runuser -u {user} -- find {' '.join(present)} -xdev -writable -print")
+    denied = [ln for ln in cmd.stderr.splitlines() if ln and "Permission denied" not in ln]
+    assert not denied, cmd.stderr
+    return cmd.stdout.split()
+
+
+def test_venv_owned_by_root(host):
+    """Issue 19 item 5 (failing first: the role handed the venv to the service account)."""
     target = host.file(ML_ENV).linked_to
     # bin/python is a symlink to the system interpreter (root's): check real venv files.
-    assert host.file(f"{target}/pyvenv.cfg").user == "vllm"
-    assert host.file(f"{target}/lib").user == "vllm"
+    for path in (f"{target}/pyvenv.cfg", f"{target}/lib", f"{target}/bin"):
+        assert (host.file(path).user, host.file(path).group) == ("root", "root"), path
+
+
+def test_service_user_cannot_write_what_root_runs(host):
+    """Issue 19 item 5: root runs the venv's python (argcheck, nccl_check, diagnostics, the
+    patch module, flash_attn's build) and the shipped tools, so the service account must
+    not be able to write any file or directory of them (site-packages, .pth files, bin/,
+    the patched vLLM files). Without the service account on the host (a python_env-only
+    converge) the check runs as nobody, which still finds what others may write.
+    devtests/runner/test_venv_ownership.py shows it failing on a wrong layout."""
+    user = SERVICE_USER if host.user(SERVICE_USER).exists else "nobody"
+    assert writable_by(host, user) == []
 
 
 def test_no_world_writable_file_in_venv(host):

@@ -63,12 +63,17 @@ def test_env_file_holds_the_key_mode_0600(host, service):
     assert env.user == "root"
     assert env.mode == 0o600
     if service.api_key:
-        assert f"VLLM_API_KEY={service.api_key}" in env.content_string
+        # Double-quoted for systemd's EnvironmentFile= parser (role glm5's glm5_systemd_quote).
+        quoted = re.sub(r'([\\"`$])', r"\\\1", service.api_key)
+        assert f'VLLM_API_KEY="{quoted}"' in env.content_string.splitlines()
         for path in (f"/etc/systemd/system/{service.unit}.service", f"/etc/glm5/{service.unit}.cmdline"):
             assert service.api_key not in host.file(path).content_string
         pid = host.run(f"systemctl show -p MainPID --value {service.unit}.service").stdout.strip()
         cmdline = host.file(f"/proc/{pid}/cmdline").content_string
         assert service.api_key not in cmdline
+        # What systemd read back from the env file is the key, byte for byte.
+        environ = host.run(f"cat /proc/{pid}/environ").stdout.split("\x00")
+        assert [e for e in environ if e.startswith("VLLM_API_KEY=")] == [f"VLLM_API_KEY={service.api_key}"]
 
 
 def test_runs_as_service_user(host, service):
@@ -135,7 +140,9 @@ def test_attention_backend_in_startup_log(host, service):
 def _exec_start(host, service) -> list[str]:
     text = host.file(f"/etc/systemd/system/{service.unit}.service").content_string
     line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
-    return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%"))
+    # Each word double-quoted by role glm5's glm5_systemd_exec_args: \\ and \" escaped (shlex
+    # undoes them), % and $ doubled (specifiers, variable expansion).
+    return [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(line.removeprefix("ExecStart="))]
 
 
 def test_guarded_flags_once_and_context_capped(host, service):

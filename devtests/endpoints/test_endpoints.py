@@ -68,3 +68,24 @@ def test_clients_use_the_one_derivation(path):
     assert "glm5_api_endpoints" in text, f"{path} does not use glm5_api_endpoints"
     assert not re.search(r"\b(8000|8443)\b", text), f"{path} spells a port literal"
     assert not re.search(r"https?://(127\.0\.0\.1|\{\{)", text), f"{path} builds a URL of its own"
+
+
+# Issue 22's router: its own addresses and its backends' URLs through the same filter
+# (glm5_endpoints), the backends' ports with glm5_api_endpoints' precedence.
+ROUTER = [
+    "roles/vllm_router/vars/main.yml",
+    "roles/vllm_router/defaults/main.yml",
+]
+
+
+@pytest.mark.parametrize("path", ROUTER)
+def test_router_uses_the_one_derivation(path):
+    text = (ROOT / path).read_text()
+    assert not re.search(r"\b(8000|8443)\b", text), f"{path} spells an API port literal"
+    assert not re.search(r"https?://", text), f"{path} builds a URL of its own"
+
+
+def test_router_urls_from_glm5_endpoints():
+    text = (ROOT / "roles/vllm_router/vars/main.yml").read_text()
+    assert "vllm_router_host | glm5_endpoints(vllm_router_port)" in text
+    assert "(backend.address | glm5_endpoints(backend.port)).api_url" in text

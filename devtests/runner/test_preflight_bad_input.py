@@ -1,6 +1,6 @@
-"""Invalid input is refused by argument_specs or preflight before any task
-changes the host: each case runs site.yml through ansible-runner against a
-GPU-less systemd container and asserts on the runner's events."""
+"""Invalid input is refused by argument_specs, the validation phase or preflight
+before any task changes the host: each case runs site.yml through ansible-runner
+against a GPU-less systemd container and asserts on the runner's events."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ CONTAINER_VARS = {
     "preflight_check_kernel_headers": False,
     "preflight_check_disk": False,
     "preflight_min_ram_gb": 1,
+    # What the validation phase (playbooks/validate.yml, before preflight) requires of
+    # every run: an API key and, for the hub, a token (test values, not secrets).
+    "vllm_service_api_key": "preflight-test-key-not-a-secret",
+    "model_hf_token": "hf_preflight_test_not_a_secret",
 }
+# The validation phase's refusal (one line per bad value).
+VALIDATION = "Refuse the run (one line per bad value; nothing was changed)"
 
 
 def _message(event) -> str:
@@ -25,20 +31,21 @@ def _message(event) -> str:
     [
         pytest.param(
             {"glm5_gpu_required": False, "glm5_tensor_parallel_size": 0},
-            "Refuse the host when a preflight check failed",
-            "Tensor-parallel size 0 is invalid",
+            VALIDATION,
+            "vllm_service_tensor_parallel_size (glm5_tensor_parallel_size) = 0 is refused",
             id="tp-zero",
         ),
         pytest.param(
             {"glm5_gpu_required": False, "glm5_gpu_count": 3, "glm5_tensor_parallel_size": 8},
-            "Refuse the host when a preflight check failed",
-            "Tensor-parallel size 8 exceeds the 3 GPUs expected",
+            VALIDATION,
+            "nccl_check_world_size (glm5_tensor_parallel_size) = 8 is refused; expected 1 to glm5_gpu_count 3.",
             id="three-gpus-for-tp8",
         ),
         pytest.param(
             {"glm5_gpu_required": False, "glm5_tensor_parallel_size": 3, "glm5_gpu_count": 8},
-            "Refuse the host when a preflight check failed",
-            "Tensor-parallel size 3 does not divide the 64 attention heads of the model",
+            VALIDATION,
+            "vllm_service_tensor_parallel_size (glm5_tensor_parallel_size) = 3 is refused; expected a divisor of"
+            " the model's 64 attention heads",
             id="tp-not-dividing-heads",
         ),
         pytest.param(
@@ -69,14 +76,15 @@ def _message(event) -> str:
         ),
         pytest.param(
             {"glm5_gpu_required": False, "glm5_offline_bundle_dir": "/srv/glm5-offline-bundle"},
-            "Refuse the host when a preflight check failed",
-            "Offline mode needs glm5_offline_bundle_sha256",
+            VALIDATION,
+            "glm5_offline_bundle_sha256 = '' is refused while glm5_offline_bundle_dir is set",
             id="offline-without-sha256",
         ),
         pytest.param(
             {"glm5_gpu_required": False, "glm5_offline_bundle_dir": "/srv/no-such-bundle",
              "glm5_offline_bundle_sha256": "0" * 64},
-            "Refuse the host when a preflight check failed",
+            # The validation phase: role nvidia_driver verifies the bundle it installs from.
+            "Verify the offline bundle against its manifest (what this role consumes)",
             "offline bundle directory /srv/no-such-bundle does not exist on this host",
             id="offline-bundle-missing",
         ),

@@ -14,34 +14,41 @@ def message(event) -> str:
     return str(res.get("msg", "")) + json.dumps(res.get("results", []))
 
 
+# Every check of tasks/validate.yml adds a line; this task refuses once with them all.
+REFUSE = "Refuse the settings that failed a check"
+
+
 def _refused(run, task: str, text: str) -> None:
     assert run.rc != 0
     failure = run.first_failure()
     assert failure["event_data"]["task"] == task
-    assert text in message(failure)
+    assert text in message(failure), message(failure)
     assert run.changed_before(failure) == []
 
 
 def test_hub_source_without_token(run_local, tmp_path):
     run = run_local("model_role.yml", {"model_source": "hub", "model_hf_token": "",
                                        "model_dir": str(tmp_path / "m")})
-    _refused(run, "Refuse settings that cannot work", "needs model_hf_token")
+    _refused(run, REFUSE, "model_hf_token is empty while model_source is hub")
 
 
 def test_served_name_with_spaces(run_local, model_files):
     run = run_local("service_role.yml", {**model_files, "vllm_service_served_model_name": "glm 5"})
-    _refused(run, "Refuse settings that cannot work", "served name must have no spaces")
+    _refused(run, REFUSE, "vllm_service_served_model_name (glm5_served_model_name) = 'glm 5' is refused")
+    # Only what failed: the key and the port are fine, and not named.
+    assert "api_key" not in message(run.first_failure())
+    assert "vllm_service_port" not in message(run.first_failure())
 
 
 def test_missing_api_key(run_local, model_files):
     run = run_local("service_role.yml", {**model_files, "vllm_service_api_key": ""})
-    _refused(run, "Refuse settings that cannot work", "vllm_service_api_key must be set")
+    _refused(run, REFUSE, "vllm_service_api_key is empty")
 
 
 def test_tp_not_dividing_heads(run_local, model_files):
     run = run_local("service_role.yml", {**model_files, "vllm_service_tensor_parallel_size": 3})
-    _refused(run, "Refuse a tensor-parallel size that does not divide the head count",
-             "must divide the model's 64 attention heads")
+    _refused(run, REFUSE, "vllm_service_tensor_parallel_size (glm5_tensor_parallel_size) = 3 is refused;"
+             " expected a divisor of the model's 64 attention heads")
 
 
 def test_port_in_use(run_local, model_files):
@@ -50,7 +57,7 @@ def test_port_in_use(run_local, model_files):
         sock.listen(1)
         port = sock.getsockname()[1]
         run = run_local("service_role.yml", {**model_files, "vllm_service_port": port})
-    _refused(run, "Refuse a port another program uses", f"port {port} is in use")
+    _refused(run, REFUSE, f"vllm_service_port (glm5_api_port) = {port} is in use by")
 
 
 def test_bad_type_refused_by_argument_specs(run_local, model_files):
@@ -73,12 +80,12 @@ def test_dense_max_model_len_boundary(run_local, model_files, length, allow, acc
         "vllm_service_max_model_len": length,
         "vllm_service_allow_long_context": allow,
     })
-    task = "Refuse a dense context longer than GLM-5's index_topk unless allowed"
+    task = "Check the vllm_service settings"
     if accepted:
         assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
         assert task in " ".join(run.ok_tasks())
     else:
-        _refused(run, task, "exceeds index_topk 2048")
+        _refused(run, REFUSE, f"vllm_service_max_model_len = {length} exceeds index_topk 2048")
 
 
 def _debug_messages(run) -> str:
@@ -115,17 +122,18 @@ def test_sparse_context_bounded_by_the_kv_cache(run_local, model_files):
 @pytest.mark.parametrize(
     ("extra", "text"),
     [
-        ({"vllm_service_max_model_len": 1024}, "must be at least index_topk 2048"),
-        ({"vllm_service_max_model_len": 262144}, "at most the model's 202752"),
+        ({"vllm_service_max_model_len": 1024},
+         "= 1024 is refused with sparse attention; expected at least index_topk 2048"),
+        ({"vllm_service_max_model_len": 262144}, "the model's max_position_embeddings 202752"),
         ({"vllm_service_max_model_len": 180000, "nvidia_driver_gpus": [{"memory_total": "40960 MiB"}],
           "vllm_service_gpu_memory_utilization": 0.5, "vllm_service_kv_reserve_mib": 4096},
-         "at most the 171537 tokens the KV cache of one GPU holds"),
+         "at most 171537 (the model's max_position_embeddings 202752, the KV cache of one GPU 171537 tokens"),
     ],
     ids=["below-index-topk", "above-model-limit", "above-kv-cache"],
 )
 def test_sparse_context_refused(run_local, model_files, extra, text):
     run = run_local("service_validate.yml", {**model_files, **extra})
-    _refused(run, "Refuse a sparse context the model or the KV cache cannot hold", text)
+    _refused(run, REFUSE, text)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +147,19 @@ def test_attention_and_backend_must_match(run_local, model_files, attention, bac
     failure = run.first_failure()
     task = failure["event_data"]["task"]
     # "fast" is refused by the argument specs (choices), the mismatches by validate.yml
-    assert task == "Refuse an attention and backend that do not go together" or "argument" in task.lower()
+    assert task == REFUSE
+    assert "vllm_service_attention" in message(failure)
     assert run.changed_before(failure) == []
 
 
+
+
+def test_api_key_with_newline_refused_without_printing_it(run_local, model_files):
+    """Issue 19: a key with a newline would end the env file's assignment and add a
+    variable of the attacker's choice; refused, naming the variable and "the value"."""
+    key = "devtest-secret-4b1c\nGLM5_INJECTED=pwned"
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_api_key": key})
+    _refused(run, REFUSE, "vllm_service_api_key: the value contains a newline")
+    text = json.dumps(run.events)
+    assert "devtest-secret-4b1c" not in text
+    assert "GLM5_INJECTED" not in text

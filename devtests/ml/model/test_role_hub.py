@@ -22,7 +22,8 @@ PLAYBOOK = """
 """
 
 
-def _play(hub: Hub, tmp_path: Path, token: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+def _play(hub: Hub, tmp_path: Path, token: str, check: bool = False,
+          verbose: bool = False) -> subprocess.CompletedProcess[str]:
     play = tmp_path / "hub.yml"
     play.write_text(PLAYBOOK)
     model_dir = tmp_path / "model"
@@ -34,11 +35,13 @@ def _play(hub: Hub, tmp_path: Path, token: str, check: bool = False) -> subproce
              "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python")}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "ANSIBLE_"))}
     env.update(ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", HOME=str(tmp_path / "home"),
+               ANSIBLE_STDOUT_CALLBACK="default" if verbose else "ansible.posix.json", HOME=str(tmp_path / "home"),
                # the model role caches its facts: keep them out of the repository's fact cache
                ANSIBLE_CACHE_PLUGIN="memory")
     cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-e", json.dumps(extra), str(play)]
-    return subprocess.run([*cmd, "--check"] if check else cmd, cwd=ROOT, env=env, capture_output=True,
+    cmd += ["--check"] if check else []
+    cmd += ["-vvv"] if verbose else []
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600, check=False)
 
 
@@ -74,3 +77,16 @@ def test_role_reports_a_refused_token_without_showing_it(hub: Hub, tmp_path: Pat
     assert msgs[0].startswith("model: fetching from http://127.0.0.1:")
     assert f"{GGUF_REPO}: the hub rejected the token (model_hf_token)" in msgs[0]
     assert f"; {BASE_REPO}: the hub rejected the token" in msgs[0]
+
+
+def test_token_never_in_vvv_output(hub: Hub, tmp_path: Path) -> None:
+    """Issue 19 item 3 (failing first: the token went through the task's environment:,
+    which Ansible puts on the EXEC line -vvv prints, no_log or not). Both a refused and
+    an accepted token: absent from the whole -vvv output."""
+    wrong = "hf_wrong_vvv_token_123456789"
+    refused = _play(hub, tmp_path, wrong, verbose=True)
+    assert refused.returncode != 0 and "EXEC" in refused.stdout + refused.stderr
+    assert wrong not in refused.stdout + refused.stderr
+    accepted = _play(hub, tmp_path, TOKEN, verbose=True)
+    assert accepted.returncode == 0, accepted.stdout[-3000:]
+    assert TOKEN not in accepted.stdout + accepted.stderr

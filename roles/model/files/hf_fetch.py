@@ -1,7 +1,8 @@
 """Fetch files of one Hub repository with huggingface_hub; write their manifest.
 
 Run by role `model` with the ml-env's python. The token comes from HF_TOKEN (the
-role passes it by environment, under no_log). Resumable: huggingface_hub keeps
+role writes it to the stdin of a shell that exports it, under no_log: never on a
+command line, which -vvv would print). Resumable: huggingface_hub keeps
 partial downloads under <local-dir>/.cache/huggingface and continues them with a
 Range request.
 

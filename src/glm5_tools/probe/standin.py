@@ -23,6 +23,13 @@ stream by BATCH_SLOWDOWN, and a stream's own context by CONTEXT_SLOWDOWN_TOKENS)
 a prompt's tokens estimated as characters / 4. The
 figures a benchmark measures against it measure this double, nothing else.
 
+For a fleet behind vllm-router (molecule/fleet) it answers ``POST /v1/chat/completions``
+too (same key check and timing model), holds every completion a further
+VLLM_PROBE_STANDIN_LATENCY_MS milliseconds (default 0) so that a router in front of it
+has requests to spread and to hold in flight, and counts them in vLLM's gauge
+``vllm:num_requests_running`` on /metrics (what a drain waits on). Its non-streamed
+completions say ``owned_by`` and ``model`` so the correctness checks know to skip.
+
 Standard library only; a single file, copied to the host as it is.
 """
 
@@ -289,12 +296,19 @@ class EngineState:
 
 
 def make_handler(
-    api_key: str | None, names: list[str], max_model_len: int = 2048, state: EngineState | None = None
+    api_key: str | None,
+    names: list[str],
+    max_model_len: int = 2048,
+    state: EngineState | None = None,
+    latency_s: float = 0.0,
 ) -> type[BaseHTTPRequestHandler]:
     engine = state or EngineState()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = OWNER
+        # Keep-alive, as vLLM (uvicorn) does: a router reuses its connections. Every
+        # answer has a Content-Length, but a stream, which closes its connection.
+        protocol_version = "HTTP/1.1"
 
         def _send(self, status: int, body: object) -> None:
             data = json.dumps(body).encode()
@@ -336,18 +350,26 @@ def make_handler(
             self._send(404, {"error": f"{OWNER} serves no {self.path}"})
 
         def do_POST(self) -> None:
-            if self.path != "/v1/completions":
+            # The body is read first, whatever the answer: on a kept-alive connection the
+            # next request starts after it.
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            chat = self.path == "/v1/chat/completions"
+            if self.path != "/v1/completions" and not chat:
                 self._send(404, {"error": f"{OWNER} serves no POST {self.path}"})
                 return
             if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
                 self._send(401, {"error": "Unauthorized"})
                 return
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                prompt = body["prompt"]
-                prompt = prompt if isinstance(prompt, str) else str(prompt[0])
-                max_tokens = int(body.get("max_tokens") or 16)
-            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                body = json.loads(raw or b"{}")
+                if chat:
+                    prompt = "\n".join(str(m.get("content") or "") for m in body["messages"])
+                else:
+                    prompt = body["prompt"]
+                    prompt = prompt if isinstance(prompt, str) else str(prompt[0])
+                max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                 self._send(400, {"error": f"bad request: {exc}"})
                 return
             if body.get("model") not in names:
@@ -358,22 +380,32 @@ def make_handler(
             if floor + max_tokens > max_model_len:
                 self._send(400, {"error": f">= {floor} prompt tokens + {max_tokens} > max_model_len {max_model_len}"})
                 return
-            self._complete(body, prompt, max_tokens)
+            self._complete(body, prompt, max_tokens, chat)
 
-        def _complete(self, body: dict[str, object], prompt: str, max_tokens: int) -> None:
+        def _choice(self, text: str, finish: str | None, chat: bool, stream: bool) -> dict[str, object]:
+            if not chat:
+                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            key = "delta" if stream else "message"
+            return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
+
+        def _complete(self, body: dict[str, object], prompt: str, max_tokens: int, chat: bool = False) -> None:
             tokens = engine.admit(prompt)
             generated, ok = 0, False
             stream = bool(body.get("stream"))
             usage_opts = body.get("stream_options")
             usage_wanted = isinstance(usage_opts, dict) and bool(usage_opts.get("include_usage"))
-            base = {"id": f"cmpl-{OWNER}-{threading.get_ident()}", "object": "text_completion",
+            kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
+            base = {"id": f"cmpl-{OWNER}-{threading.get_ident()}", "object": kind,
                     "created": int(time.time()), "model": body.get("model")}
             try:
-                time.sleep(tokens / engine.prefill_tps)
+                # Counted as running (engine.admit) for the whole hold: what a drain waits on.
+                time.sleep(latency_s + tokens / engine.prefill_tps)
                 if stream:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
                     self.end_headers()
+                    self.close_connection = True
                 for i in range(max_tokens):
                     if i:
                         time.sleep(engine.token_delay(tokens + i))
@@ -381,8 +413,7 @@ def make_handler(
                     generated += 1
                     if stream:
                         last = i == max_tokens - 1
-                        choice = {"index": 0, "text": FILLER, "logprobs": None,
-                                  "finish_reason": "length" if last else None}
+                        choice = self._choice(FILLER, "length" if last else None, chat, stream)
                         self._event({**base, "choices": [choice]})
                 # No tokenizer here: the usage names only what the double counted
                 # exactly (its tokens); the client keeps its own prompt count.
@@ -393,9 +424,8 @@ def make_handler(
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                 else:
-                    choice = {"index": 0, "text": FILLER * generated, "logprobs": None,
-                              "finish_reason": "length"}
-                    self._send(200, {**base, "choices": [choice], "usage": usage})
+                    choice = self._choice(FILLER * generated, "length", chat, stream)
+                    self._send(200, {**base, "owned_by": OWNER, "choices": [choice], "usage": usage})
                 ok = True
             except (BrokenPipeError, ConnectionResetError):
                 pass
@@ -416,9 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     run_checks(args)
     names = args.served_model_name or [args.model or OWNER]
+    latency_s = int(os.environ.get("VLLM_PROBE_STANDIN_LATENCY_MS") or 0) / 1000
     server = ThreadingHTTPServer(
         (args.host, args.port),
-        make_handler(os.environ.get("VLLM_API_KEY"), names, args.max_model_len),
+        make_handler(os.environ.get("VLLM_API_KEY"), names, args.max_model_len, latency_s=latency_s),
     )
     server.daemon_threads = True
     print(f"{OWNER}: serving {names} on {args.host}:{args.port}", flush=True)

@@ -1,0 +1,126 @@
+"""Unit tests of roles/glm5/filter_plugins/glm5_validate.py: the one path rule and the
+one port rule every check of the validation phase uses, and the refusal lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def v() -> ModuleType:
+    path = ROOT / "roles/glm5/filter_plugins/glm5_validate.py"
+    spec = importlib.util.spec_from_file_location("glm5_validate", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["glm5_validate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/opt/ml-env", "/opt/ml-envs", "/srv/models/glm-5", "/var/cache/glm5/uv", "/usr/local/libexec/glm5",
+     "/etc/glm5", "/etc/glm5/nccl-check.json", "/usr/local/cuda-13.0", "/home/ops/models", "/tmp/pytest-1/model",
+     "/var/lib/glm5/flash-attn-build", "/opt/glm5-test/ca.crt"],
+)
+def test_accepted(v, path):
+    assert v.glm5_path_problem(path, "x") == ""
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("opt/ml-env", "relative"),
+        ("./ml-env", "relative"),
+        ("", "empty"),
+        ("/srv/models/../../etc/glm5-model", "not normalized"),
+        ("/srv/models/..", "not normalized"),
+        ("/srv//models", "not normalized"),
+        ("//srv/models", "not normalized"),
+        ("/srv/models/", "not normalized"),
+        ("/srv/models/.", "not normalized"),
+        ("/srv/./models", "not normalized"),
+        ("/", "system directory"),
+        ("/etc", "system directory"),
+        ("/usr", "system directory"),
+        ("/usr/local", "system directory"),
+        ("/boot", "system directory"),
+        ("/proc", "system directory"),
+        ("/sys", "system directory"),
+        ("/dev", "system directory"),
+        ("/bin", "system directory"),
+        ("/sbin", "system directory"),
+        ("/lib", "system directory"),
+        ("/lib64", "system directory"),
+        ("/var", "system directory"),
+        ("/var/lib", "system directory"),
+        ("/run", "system directory"),
+        ("/opt", "system directory"),
+        ("/srv", "system directory"),
+        ("/home", "system directory"),
+        ("/root", "system directory"),
+        ("/proc/ml-envs", "inside the system directory /proc"),
+        ("/sys/fs/x", "inside the system directory /sys"),
+        ("/boot/grub/x", "inside the system directory /boot"),
+        ("/dev/shm/venv", "inside the system directory /dev"),
+        ("/run/glm5", "inside the system directory /run"),
+        ("/opt/x\n/etc", "NUL or newline"),
+        (17, "not a string"),
+    ],
+)
+def test_refused_names_variable_value_and_form(v, path, why):
+    message = v.glm5_path_problem(path, "glm5_model_dir")
+    assert message.startswith("glm5_model_dir")
+    assert why in message
+    if path != "":
+        assert repr(path) in message
+    assert message.endswith(v.ACCEPTED + ".")
+    assert message.count("\n") == 0
+
+
+def test_empty_allowed_where_it_means_unset(v):
+    assert v.glm5_path_problem("", "glm5_ca_bundle", allow_empty=True) == ""
+    assert v.glm5_path_problem(None, "glm5_ca_bundle", allow_empty=True) == ""
+    assert "relative" in v.glm5_path_problem("ca.crt", "glm5_ca_bundle", allow_empty=True)
+
+
+@pytest.mark.parametrize("port", [1, 22, 8000, "8000", 65535])
+def test_port_accepted(v, port):
+    assert v.glm5_port_problem(port, "vllm_service_port") == ""
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, 70000, "eighty", "", None, True, 80.5, "8000 "])
+def test_port_refused(v, port):
+    message = v.glm5_port_problem(port, "vllm_service_port")
+    if port == "8000 ":
+        assert message == ""  # surrounding blanks are stripped, as int() would
+        return
+    assert message.startswith(f"vllm_service_port = {port!r} is refused")
+    assert "1-65535" in message
+
+
+def test_port_zero_allowed_where_it_means_none(v):
+    assert v.glm5_port_problem(0, "exposure_tls_proxy_port", allow_zero=True) == ""
+    assert "or 0 for none" in v.glm5_port_problem(-1, "exposure_tls_proxy_port", allow_zero=True)
+
+
+def test_refusals_keep_only_failed_checks_one_line_each(v):
+    checks = ["", "a = 1 is refused.", ["", "b has 'x'.", "b has 'y'."], None, "a = 1 is refused.", "  "]
+    assert v.glm5_refusals(checks) == ["a = 1 is refused.", "b has 'x'.", "b has 'y'."]
+    assert v.glm5_refusals([]) == []
+
+
+def test_refusals_refuse_a_non_list(v):
+    with pytest.raises(TypeError):
+        v.glm5_refusals("a message")
+
+
+def test_registered_filters(v):
+    assert set(v.FilterModule().filters()) == {"glm5_path_problem", "glm5_port_problem", "glm5_refusals"}
