@@ -47,7 +47,8 @@ def test_unit_hardening_keeps_gpus_working(host, service):
     active = [ln for ln in text.splitlines() if not ln.startswith("#")]
     for bad in FORBIDDEN:
         assert not any(ln.startswith(bad) for ln in active), bad
-    assert f"--attention-backend {_backend(host)} " in text
+    argv = _exec_start(host, service)
+    assert argv[argv.index("--attention-backend") + 1] == _backend(host), argv
 
 
 def test_exposure_score(host, service):
