@@ -73,3 +73,20 @@ def test_the_side_by_side_is_refused_without_llama_server_or_gpus(tmp_path):
     out = " ".join(run.stdout.split())
     assert "refused on bench-local: no GPU to hand to llama-server (glm5_gpu_required False" in out, run.stdout[-3000:]
     assert "Nothing was sent and vLLM was not stopped" in out
+
+
+def test_several_bad_values_are_each_named_on_their_own_line(tmp_path):
+    run = _play(tmp_path, {"bench_regression_pct": -5, "bench_max_prompts": 0,
+                           "bench_profiles": {"p": {"kind": "burst", "input_len": 64, "output_len": 8}},
+                           "bench_run_profiles": ["p"]})
+    assert run.returncode != 0
+    out = run.stdout
+    # One refusal, one line per bad value, and only those (no line for what was fine).
+    refusal = out[out.index("Refuse the settings that failed a check"):]
+    lines = [line.strip() for line in refusal.splitlines()]
+    assert any(line.endswith("bench_regression_pct is -5; expected a percentage >= 0, such as 10") for line in lines)
+    assert any(line.endswith("bench_max_prompts is 0; expected a whole number >= 1") for line in lines)
+    assert any(line.endswith('bench_profiles.p.kind is "burst"; expected concurrency, context or prefill')
+               for line in lines), refusal[:2000]
+    assert "input_len" not in refusal and "bench_api_url" not in refusal, refusal[:2000]
+    assert not (tmp_path / "results").exists()

@@ -123,4 +123,26 @@ def test_refusals_refuse_a_non_list(v):
 
 
 def test_registered_filters(v):
-    assert set(v.FilterModule().filters()) == {"glm5_path_problem", "glm5_port_problem", "glm5_refusals"}
+    assert set(v.FilterModule().filters()) == {"glm5_path_problem", "glm5_port_problem", "glm5_refusals",
+                                                 "glm5_tp_problem"}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8, 16, 32, 64, "8"])
+def test_tp_accepted(v: ModuleType, tp: object) -> None:
+    assert v.glm5_tp_problem(tp, "glm5_tensor_parallel_size", 64) == ""
+    assert v.glm5_tp_problem(tp, "glm5_tensor_parallel_size", 64, gpu_count=64) == ""
+
+
+@pytest.mark.parametrize(("tp", "shown"), [(0, "0"), (3, "3"), (-8, "-8"), ("eight", "'eight'"), (None, "None"),
+                                           (True, "True"), (128, "128")])
+def test_tp_refused_not_a_divisor(v: ModuleType, tp: object, shown: str) -> None:
+    message = v.glm5_tp_problem(tp, "glm5_tensor_parallel_size", 64)
+    assert message == (f"glm5_tensor_parallel_size = {shown} is refused; expected a divisor of the model's 64"
+                       " attention heads (1, 2, 4, 8, 16, 32, 64).")
+
+
+def test_tp_refused_above_gpu_count(v: ModuleType) -> None:
+    message = v.glm5_tp_problem(8, "glm5_tensor_parallel_size", 64, gpu_count=4)
+    assert message == "glm5_tensor_parallel_size = 8 exceeds glm5_gpu_count 4; expected at most the host's GPU count."
+    # No GPU count given (a host without GPUs required): only the divisor rule.
+    assert v.glm5_tp_problem(8, "glm5_tensor_parallel_size", 64, gpu_count=None) == ""

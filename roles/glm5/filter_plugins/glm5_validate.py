@@ -2,7 +2,8 @@
 
 glm5_path_problem holds the one rule every path variable is checked against: absolute,
 normalized, and not a system directory; glm5_port_problem the one rule for TCP ports.
-glm5_refusals turns a role's list of checks into the lines of the refusal: only the
+glm5_tp_problem the one rule for the tensor-parallel size (role preflight and role
+vllm_service both read it). glm5_refusals turns a role's list of checks into the lines of the refusal: only the
 checks that failed, one line each.
 """
 
@@ -70,6 +71,26 @@ def glm5_port_problem(value: Any, name: str, allow_zero: bool = False) -> str:
     return ""
 
 
+def glm5_tp_problem(value: Any, name: str, heads: Any, gpu_count: Any = None) -> str:
+    """'' when ``value`` is a usable tensor-parallel size, else one sentence.
+
+    Usable: a whole number >= 1 that divides the model's ``heads`` attention heads and,
+    when ``gpu_count`` is given (not None), is at most the host's GPU count.
+    """
+    text = str(value).strip() if value is not None and not isinstance(value, bool) else ""
+    n_heads = int(heads)
+    shown = text if text.isdigit() else repr(value)
+    if not text.isdigit() or int(text) < 1 or n_heads % int(text) != 0:
+        divisors = ", ".join(str(d) for d in range(1, n_heads + 1) if n_heads % d == 0)
+        return (
+            f"{name} = {shown} is refused; expected a divisor of the model's {n_heads} attention heads"
+            f" ({divisors})."
+        )
+    if gpu_count is not None and int(text) > int(gpu_count):
+        return f"{name} = {shown} exceeds glm5_gpu_count {int(gpu_count)}; expected at most the host's GPU count."
+    return ""
+
+
 def glm5_refusals(checks: Any) -> list[str]:
     """The messages of the failed checks.
 
@@ -95,4 +116,5 @@ class FilterModule:
             "glm5_path_problem": glm5_path_problem,
             "glm5_port_problem": glm5_port_problem,
             "glm5_refusals": glm5_refusals,
+            "glm5_tp_problem": glm5_tp_problem,
         }
