@@ -124,7 +124,7 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     g2 = run("playbooks/service.yml", port_vars)
     assert g2.rc == 0, _message(g2) if g2.rc else ""
     good_2 = _read(host, UNIT)
-    assert good_2 and "--port 8123" in good_2
+    assert good_2 and "\"--port\" \"8123\"" in good_2  # ExecStart words are quoted (glm5_systemd_exec_args)
     assert _read(host, f"{UNIT}.good") == good_2
     assert _read(host, f"{UNIT}.previous") == good_1, "the previous good unit must be G1, not the failed one"
     verified = run("playbooks/verify.yml", port_vars)
