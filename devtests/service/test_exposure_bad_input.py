@@ -149,3 +149,28 @@ def test_vllm_on_any_address_behind_the_proxy(run_local, model_files):
 def test_exporter_settings_refused(run_local, settings, text):
     run = run_local("gpu_exporter_role.yml", {"glm5_gpu_exporter": True, **settings})
     _refused(run, REFUSE, text)
+
+
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ({"vllm_service_port": 18777},
+         "exposure_api_port (glm5_api_port) = 8000 differs from vllm_service_port = 18777,"
+         " the port vLLM serves on; expected them equal: set glm5_api_port, which both follow."),
+        ({"glm5_api_port": 18777}, None),
+        ({"glm5_api_port": 18777, "vllm_service_port": 18777}, None),
+        # A bad vllm_service_port is role vllm_service's line, not a second one here.
+        ({"vllm_service_port": 70000}, None),
+    ],
+    ids=["service-port-set-apart", "api-port", "both-equal", "bad-service-port-not-repeated"],
+)
+def test_firewall_port_follows_the_service_port(run_local, extra, refusal):
+    run = run_local("exposure_validate.yml", extra)
+    if refusal is None:
+        failed = [e["event_data"]["res"].get("msg") for e in run.task_events() if e["event"] == "runner_on_failed"]
+        assert run.rc == 0, failed
+        return
+    assert run.rc != 0
+    failure = run.first_failure()
+    assert failure["event_data"]["task"] == "Refuse the settings that failed a check"
+    assert str(failure["event_data"]["res"]["msg"]).splitlines() == [refusal]
