@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run 6 (issue 23), here: what the GPU validation machine needs to serve the tiny GLM-5 with
-# the patched vLLM, in 4 pieces (one per device call; with the ~11 MiB tree each call
+# the patched vLLM, in 5 pieces (one per device call; with the ~21 MiB tree that travels each call
 # stays under 64 MiB). Lighter than run 5's 13 pieces:
 #   site.tar.xz  the lock's wheels that machine lacks (sha256 checked against the lock;
 #                the list below), installed here with pip --target for CPython 3.12 /
@@ -70,9 +70,11 @@ find .cache/fixtures/tiny-glm5/hf -maxdepth 1 -type f ! -name '*.safetensors' -e
 sha256sum .cache/fixtures/tiny-glm5/gguf/tiny-glm5-UD-Q4_K_XL.gguf | sed 's|  .*|  main.gguf|' >> "$out/payload/SHA256SUMS"
 tar -C "$out/payload" -cf "$out/payload.tar" .
 sha256sum "$out/payload.tar" | sed "s|$out/||" > "$out/payload.sha256"
-(cd "$out" && split -n 4 -a 1 -d payload.tar payload.part.)
-for i in 0 1 2 3; do mkdir -p "$out/c$i" && mv "$out/payload.part.$i" "$out/c$i/"; done
+(cd "$out" && split -n 5 -a 1 -d payload.tar payload.part.)
+for i in 0 1 2 3 4; do mkdir -p "$out/c$i" && mv "$out/payload.part.$i" "$out/c$i/"; done
 cp "$out/payload.sha256" "$out/c0/"
+# the 0011 before issue 23 (run 5's set; serve6.sh's variant "old")
+git show 8ca8552:files/patches/vllm-0.20.2/0011-glm-dsa-sparse-mla-triton.patch > "$out/c0/old-0011.patch"
 rm -rf "$out/payload" "$out/payload.tar"
 du -sm "$out"/c* | sed 's/^/pack6: /'
 echo "pack6: payload $(cut -d' ' -f1 "$out/payload.sha256")"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run 6 (issue 23), a serving call on the GPU validation machine. usage: serve6.sh a|b
-#   a: (first) joins and checks the 4 carried pieces (pack6.sh), unpacks the lock's vLLM
+#   a: (first) joins and checks the 5 carried pieces (pack6.sh), unpacks the lock's vLLM
 #      0.20.2 stack once into /root/site-base and makes one patched copy per variant,
 #      each applied with patch(1) as role vllm_patches does:
 #        new    files/patches/vllm-0.20.2/* (0001-0011, the 0011 of issue 23)
@@ -9,6 +9,9 @@
 #        fault  new + fault-off-by-one.patch (issue 23 item 7)
 #      then starts a/servers.yml's servers (topk32 fixture) and queries them (query5.py:
 #      whole distributions, greedy, concurrent).
+#   d: d/servers.yml: causal6.py on the topk32 servers (new, fault) and the main fixture,
+#      and topk_check6.py (persistent_topk called directly) while they start
+#   c: b's servers again: sparse-new's prompt log-probs twice, then decode_bench6.py
 #   b: (right after a, on the same warm machine) the main fixture's servers (b/servers.yml):
 #      top-20 prompt log-probs of 4096/5120-token prompts from sparse-new and sparse-old,
 #      then decode tokens/s (run5/decode_bench.py) of each server in turn, one at a time.
@@ -17,13 +20,16 @@
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 SET=$1
-REPO=$PWD; R6=$REPO/docs/validation/e2e-gpu/run6; R=$R6/$SET
+# R6: this folder as it travels (the device calls send the session's checkout, which has
+# main's patch set and run 5's scripts; run 6's folder travels as a carried copy);
+# LAST: the carried folder of the last piece (pack6.sh)
+REPO=$PWD; R6=${R6:-$REPO/docs/validation/e2e-gpu/run6}; R=$R6/${SET/c/b}; LAST=${LAST:-.build/e6/c4}
 RT=${RT:-/root}  # another root only for a dry run of the setup here (DRY=1)
 L=$RT/run6$SET
 rm -rf $L; mkdir -p $L
 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv,noheader | tee $L/gpu.txt
 if [ ! -f $RT/setup.done ]; then
-  [ -d .build/e6/c3 ] && cp -a .build/e6/c3/. $RT/stash/
+  [ -d "$LAST" ] && cp -a "$LAST"/. $RT/stash/
   cat $RT/stash/payload.part.* > $RT/payload.tar
   echo "$(cut -d' ' -f1 $RT/stash/payload.sha256)  $RT/payload.tar" | sha256sum -c || exit 1
   rm -rf $RT/p && mkdir $RT/p && tar -xf $RT/payload.tar -C $RT/p && rm $RT/payload.tar
@@ -84,6 +90,10 @@ for s in "${NAMES[@]}"; do
   echo $! > "$L/pid-$s"
 done
 el "${#NAMES[@]} servers started"
+if [ "$SET" = d ]; then
+  PYTHONPATH=$RT/site-new python3 $R6/topk_check6.py $L/topk_check6.json > $L/topk_check6.txt 2>&1 &
+  TOPK_PID=$!
+fi
 declare -A UP
 while :; do
   pending=0
@@ -107,6 +117,28 @@ if [ "$SET" = a ]; then
   done
   [ ${#QP[@]} -gt 0 ] && wait "${QP[@]}"
   el "queried"
+elif [ "$SET" = d ]; then
+  wait $TOPK_PID; el "topk_check6 done"; cut -c1-400 $L/topk_check6.txt
+  for s in sparse sparse-fault; do
+    [ "${UP[$s]}" = 1 ] || continue
+    python3 $R6/causal6.py "${PORT[$s]}" "$L/$s-causal-p1.json" "$Q/prompts.json" 1 40 64 100 128 160 200 255 > "$L/query-$s.txt" 2>&1
+    python3 $R6/causal6.py "${PORT[$s]}" "$L/$s-causal-p0.json" "$Q/prompts.json" 0 40 80 127 >> "$L/query-$s.txt" 2>&1
+    el "$s causality checked"
+  done
+  [ "${UP[sparse-main]}" = 1 ] && python3 $R6/causal6.py "${PORT[sparse-main]}" "$L/sparse-main-causal.json" "$Q/b/prompts.json" 0 1000 2000 2047 2048 2049 2100 > "$L/query-sparse-main.txt" 2>&1
+  el "sparse-main causality checked"
+  tar -czf $OUT/d-results.tar.gz -C $L $(cd $L && ls *.json)
+elif [ "$SET" = c ]; then
+  # c: b's servers again; the same prompts twice from sparse-new (is its run-to-run
+  # output the same?), then decode_bench6.py (all servers interleaved, REPS rounds)
+  for q in 1 2; do
+    python3 $Q/query5.py "${PORT[sparse-new]}" "$L/sparse-new-q$q" "$Q/b/prompts.json" 2048 20 > "$L/query-sparse-new-q$q.txt" 2>&1
+    el "sparse-new queried ($q)"
+  done
+  SV=(); for s in "${NAMES[@]}"; do [ "${UP[$s]}" = 1 ] && SV+=("$s:${PORT[$s]}"); done
+  python3 $R6/decode_bench6.py $L/bench6.json "${SV[@]}" 2>&1 | tee $L/bench6.txt | cut -c1-300
+  cp $L/bench6.json $OUT/c-bench6.json
+  el "decode bench done"
 else
   for s in sparse-new sparse-old; do
     [ "${UP[$s]}" = 1 ] || continue
@@ -133,7 +165,8 @@ for s in "${NAMES[@]}"; do kill -TERM -"$(cat $L/pid-$s)" 2>/dev/null; done
 sleep 3
 for s in "${NAMES[@]}"; do kill -KILL -"$(cat $L/pid-$s)" 2>/dev/null; done
 for s in "${NAMES[@]}"; do
-  ls $L/$s.* >/dev/null 2>&1 && tar -czf $OUT/$SET-$s.tar.gz -C $L $(cd $L && ls $s.* 2>/dev/null)
+  files=$(cd $L && ls $s.* $s-q?.* 2>/dev/null)
+  [ -n "$files" ] && tar -czf $OUT/$SET-$s.tar.gz -C $L $files
 done
 (cd /root && tar -czf $OUT/$SET-logs.tar.gz $(cd /root && find run6$SET -type f \( -name '*.log' -o -name '*.txt' -o -name 'bench-*.json' \)))
 ls -la $OUT
