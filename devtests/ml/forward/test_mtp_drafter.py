@@ -66,10 +66,10 @@ def test_the_drafter_is_vllms_deepseek_mtp_with_glm_weights(mtp_model):
     values), the shared head carries its norm, and it shares the target's embedding and LM
     head as vLLM's proposer arranges."""
     import torch
-
-    from glm5_tools.diagnostics.dsa_reference import GlmDsaReference
     from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
     from vllm.v1.attention.backends.mla.triton_mla import TritonMLASparseImpl
+
+    from glm5_tools.diagnostics.dsa_reference import GlmDsaReference
 
     drafter = mtp_model.drafter
     assert isinstance(drafter, DeepSeekMTP)
