@@ -93,7 +93,7 @@ def run_check(gguf: Path, hf_dir: Path, *, backend: str = "TRITON_MLA_SPARSE", l
               num_speculative_tokens: int = 3, seed: int = 0, model: Any = None) -> StageResult:
     """Build (unless given) vLLM's model with the MTP drafter, draft after a prompt of
     ``length`` tokens and compare every step with the reference."""
-    from glm5_tools.diagnostics.dsa_reference import GlmDsaReference
+    from glm5_tools.diagnostics.dsa_reference import Attention, GlmDsaReference
     from glm5_tools.diagnostics.stage_forward import prompt_tokens
     from glm5_tools.diagnostics.vllm_forward import VllmCpuModel
 
@@ -104,7 +104,7 @@ def run_check(gguf: Path, hf_dir: Path, *, backend: str = "TRITON_MLA_SPARSE", l
     tokens = prompt_tokens(length, seed, ref.n_vocab)
     run = model.draft(tokens)
     shifted = [*tokens[1:], run.next_token]
-    attention = "dense" if backend == "TRITON_MLA" else "sparse-fp8"
+    attention: Attention = "dense" if backend == "TRITON_MLA" else "sparse-fp8"
     steps = ref.draft_chain(shifted, run.target_hidden, run.inputs[1:], attention=attention)
     reports = compare_chain(run.logits, run.carried, run.inputs, [s.logits[-1] for s in steps],
                             [s.out[-1] for s in steps])

@@ -377,8 +377,8 @@ class VllmCpuModel:
         drafter = get_model(vllm_config=self.vllm_config, model_config=spec.draft_model_config,
                             load_config=spec.draft_load_config)
         proposer = SimpleNamespace(model=drafter, use_local_argmax_reduction=False)
-        SpecDecodeBaseProposer._maybe_share_embeddings(proposer, self.model)  # type: ignore[arg-type]
-        SpecDecodeBaseProposer._maybe_share_lm_head(proposer, self.model)  # type: ignore[arg-type]
+        SpecDecodeBaseProposer._maybe_share_embeddings(proposer, self.model)
+        SpecDecodeBaseProposer._maybe_share_lm_head(proposer, self.model)
         return proposer.model
 
     def _indexer_ops_as_on_cuda(self) -> None:
