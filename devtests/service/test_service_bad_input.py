@@ -143,3 +143,32 @@ def test_attention_and_backend_must_match(run_local, model_files, attention, bac
     assert run.changed_before(failure) == []
 
 
+
+
+@pytest.mark.parametrize("tokens", [4, -1, "two"], ids=["4", "negative", "word"])
+def test_mtp_tokens_outside_0_to_3_refused(run_local, model_files, tokens):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_mtp_tokens": tokens})
+    _refused(run, "Refuse an MTP setting that cannot work",
+             f"vllm_service_mtp_tokens must be 0 (off) or 1-3 draft tokens (got '{tokens}')")
+
+
+def test_mtp_with_a_speculative_config_in_extra_args_refused(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_mtp_tokens": 2,
+                                             "vllm_service_extra_args": ["--speculative_config={}"]})
+    _refused(run, "Refuse an MTP setting that cannot work",
+             "must not set it too (got ['--speculative-config'])")
+
+
+def test_mtp_tokens_refused_by_argument_specs(run_local, model_files):
+    run = run_local("service_role.yml", {**model_files, "vllm_service_mtp_tokens": 5})
+    assert run.rc != 0
+    failure = run.first_failure()
+    assert "argument" in failure["event_data"]["task"].lower() or "Validating" in failure["event_data"]["task"]
+    assert "vllm_service_mtp_tokens" in message(failure)
+    assert run.changed_before(failure) == []
+
+
+def test_mtp_tokens_accepted(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_mtp_tokens": 3})
+    assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
+    assert "Refuse an MTP setting that cannot work" in " ".join(run.ok_tasks())
