@@ -94,12 +94,21 @@ def run_check(gguf: Path, hf_dir: Path, *, backend: str = "TRITON_MLA_SPARSE", l
     """Build (unless given) vLLM's model with the MTP drafter, draft after a prompt of
     ``length`` tokens and compare every step with the reference."""
     from glm5_tools.diagnostics.dsa_reference import Attention, GlmDsaReference
-    from glm5_tools.diagnostics.stage_forward import prompt_tokens
-    from glm5_tools.diagnostics.vllm_forward import VllmCpuModel
+    from glm5_tools.diagnostics.gguf_io import gguf_files
+    from glm5_tools.diagnostics.stage_forward import MAX_GGUF_BYTES, prompt_tokens
+    from glm5_tools.diagnostics.vllm_forward import BACKENDS, VllmCpuModel
 
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r}: stage 9 runs {', '.join(BACKENDS)}")
+    files = gguf_files(gguf)
+    size = sum(f.stat().st_size for f in files)
+    if size > MAX_GGUF_BYTES:
+        return StageResult.skip(STAGE, NAME, f"GGUF of {size / 1024**3:.1f} GiB: a CPU run of vLLM's model and "
+                                f"drafter needs one of at most {MAX_GGUF_BYTES / 1024**3:.0f} GiB")
+    gguf = files[0]
     if model is None:
-        model = VllmCpuModel(gguf, hf_dir, backend, max_model_len=256, speculative_config={
-            "method": "mtp", "num_speculative_tokens": num_speculative_tokens})
+        model = VllmCpuModel(gguf, hf_dir, backend, max_model_len=max(256, length + num_speculative_tokens + 8),
+                             speculative_config={"method": "mtp", "num_speculative_tokens": num_speculative_tokens})
     ref = GlmDsaReference(gguf)
     tokens = prompt_tokens(length, seed, ref.n_vocab)
     run = model.draft(tokens)
