@@ -103,6 +103,42 @@ def test_three_draft_steps_match_the_float32_nextn_layer(mtp_model):
     assert sum(d.startswith("draft step") for d in result.details) == 3
 
 
+@needs
+def test_verification_step_of_1_plus_n_tokens_takes_the_sparse_path(mtp_model):
+    """The target's verification of N drafts is one step of 1 + N tokens per request, which
+    the indexer's metadata builder (reorder threshold 1 + N with a speculative config)
+    treats as decode tokens; 0011 refused that. Run as such a step after a prefill, the
+    last 4 positions of a 40-token prompt (past index_topk 32) give the logits of the
+    whole-prompt prefill."""
+    import torch
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    from glm5_tools.diagnostics.stage_forward import prompt_tokens
+
+    tokens = prompt_tokens(40, 1, 2048)
+    whole = mtp_model.forward(tokens)
+    seen: list[int] = []
+    indexer = next(m for m in mtp_model.model.modules() if isinstance(m, SparseAttnIndexer))
+    real = indexer.forward_cuda
+
+    def spy(*args, **kwargs):
+        from vllm.forward_context import get_forward_context
+
+        meta = get_forward_context().attn_metadata[indexer.k_cache.prefix]
+        seen.append(int(meta.num_decode_tokens))
+        return real(*args, **kwargs)
+
+    indexer._forward_method = spy
+    try:
+        tail = mtp_model.forward_tail(tokens, 4)
+    finally:
+        indexer._forward_method = real
+    assert seen == [0, 4], seen  # the prefill, then 4 decode tokens of one request
+    rel = float((tail - whole[-4:]).norm() / whole[-4:].norm())
+    assert rel < 1e-4, rel
+    assert torch.equal(tail.argmax(-1), whole[-4:].argmax(-1))
+
+
 def _stage9_on_fault(tmp_path: Path, fault: str) -> dict:
     """Stage 9 through the diagnostics CLI, in a fresh interpreter whose vLLM is an overlay
     of the patch set plus one fault patch."""

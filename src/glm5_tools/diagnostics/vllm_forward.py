@@ -475,6 +475,25 @@ class VllmCpuModel:
         self.hidden = hidden.detach().float().clone()
         return logits[:, : self.model_config.hf_config.vocab_size].float()
 
+    def forward_tail(self, tokens: list[int], tail: int) -> torch.Tensor:
+        """Logits [tail, V] of the last ``tail`` tokens, run as a second step after a
+        prefill of the others: with a speculative config and tail <= 1 +
+        num_speculative_tokens, the backends' builders classify that step as decode
+        tokens, as they do the target's verification of the drafts in serving."""
+        from vllm.config import set_current_vllm_config
+
+        t = len(tokens)
+        if not 0 < tail < t:
+            raise ValueError(f"forward_tail: tail {tail} of {t} tokens")
+        for layer in self._attn_layers.values():
+            layer.kv_cache.zero_()
+        ids = torch.tensor(tokens, dtype=torch.long)
+        self._step(self.model, t - tail, 0, input_ids=ids[: t - tail], intermediate_tensors=None)
+        hidden = self._step(self.model, t, t - tail, input_ids=ids[t - tail :], intermediate_tensors=None)
+        with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
+            logits = self.model.compute_logits(hidden)
+        return logits[:, : self.model_config.hf_config.vocab_size].float()
+
     def _step(self, model: Any, t: int, start: int, **inputs: Any) -> torch.Tensor:
         """One forward of model over the tokens at positions start..t-1 (earlier positions
         in the caches)."""
