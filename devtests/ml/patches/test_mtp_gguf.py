@@ -108,6 +108,15 @@ def test_an_unmapped_mtp_tensor_is_refused_by_name(edited_reader: type[_Reader],
         _mtp_map(roundtrip.QUANT_GGUF)
 
 
+def test_copies_of_the_shared_embedding_and_head_are_accepted_unread(edited_reader: type[_Reader],
+                                                                     monkeypatch) -> None:
+    """nextn.embed_tokens / nextn.shared_head_head (copies of the model's, which llama.cpp's
+    converter does not write): vLLM's proposer gives the drafter the target's anyway."""
+    monkeypatch.setattr(edited_reader, "extra", "blk.4.nextn.shared_head_head.weight")
+    got = _mtp_map(roundtrip.QUANT_GGUF)
+    assert "blk.4.nextn.shared_head_head.weight" not in got and set(NEXTN) <= set(got)
+
+
 @pytest.mark.parametrize("gone", ["blk.4.nextn.shared_head_norm.weight", "blk.4.nextn.hnorm.weight",
                                   "blk.4.attn_kv_a_norm.weight"])
 def test_a_missing_mtp_tensor_is_refused_by_name(edited_reader: type[_Reader], monkeypatch, gone: str) -> None:
