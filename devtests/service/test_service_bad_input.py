@@ -163,3 +163,28 @@ def test_api_key_with_newline_refused_without_printing_it(run_local, model_files
     text = json.dumps(run.events)
     assert "devtest-secret-4b1c" not in text
     assert "GLM5_INJECTED" not in text
+
+
+@pytest.mark.parametrize("tokens", [4, -1, "two"], ids=["4", "negative", "word"])
+def test_mtp_tokens_outside_0_to_3_refused(run_local, model_files, tokens):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_mtp_tokens": tokens})
+    _refused(run, REFUSE, "vllm_service_mtp_tokens")
+    assert str(tokens) in message(run.first_failure())
+
+
+def test_mtp_with_a_speculative_config_in_extra_args_refused(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_mtp_tokens": 2,
+                                             "vllm_service_extra_args": ["--speculative_config={}"]})
+    _refused(run, REFUSE, "vllm_service_extra_args sets --speculative-config while vllm_service_mtp_tokens = 2;"
+             " expected no --speculative-config there (the role renders it from vllm_service_mtp_tokens).")
+
+
+def test_mtp_tokens_refused_by_argument_specs(run_local, model_files):
+    run = run_local("service_role.yml", {**model_files, "vllm_service_mtp_tokens": 5})
+    _refused(run, REFUSE, "vllm_service_mtp_tokens")
+    assert "5" in message(run.first_failure())
+
+
+def test_mtp_tokens_accepted(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_mtp_tokens": 3})
+    assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]

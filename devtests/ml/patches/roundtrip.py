@@ -35,8 +35,13 @@ def hf_tensors(hf_dir: Path) -> dict[str, Any]:
     return out
 
 
-def roundtrip(gguf_files: list[Path], hf_dir: Path, force_model_type: str = "") -> dict[str, Any]:
-    """Map and iterate; return {stage, error, missing, duplicates, extra, mismatch, ...}."""
+def roundtrip(gguf_files: list[Path], hf_dir: Path, force_model_type: str = "", mtp: bool = False
+              ) -> dict[str, Any]:
+    """Map and iterate; return {stage, error, missing, duplicates, extra, mismatch, ...}.
+
+    mtp: map as for the MTP drafter of speculative decoding (the config as vLLM's
+    SpeculativeConfig rewrites it for method mtp); "main" is then the MTP layers'
+    parameters."""
     import gguf
     import torch
 
@@ -53,13 +58,18 @@ def roundtrip(gguf_files: list[Path], hf_dir: Path, force_model_type: str = "") 
             config = AutoConfig.for_model(**raw)
         else:
             config = get_config(str(hf_dir), trust_remote_code=False)
+        if mtp:
+            from vllm.config.speculative import SpeculativeConfig
+
+            config = SpeculativeConfig.hf_config_override(config)
         report["stage"] = "mapping"
         from vllm.config.load import LoadConfig
         from vllm.model_executor.model_loader import weight_utils
         from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
 
         loader = GGUFModelLoader(LoadConfig(load_format="gguf"))
-        name_map = loader._get_gguf_weights_map(SimpleNamespace(hf_config=config, trust_remote_code=False))
+        name_map = loader._get_gguf_weights_map(SimpleNamespace(
+            hf_config=config, trust_remote_code=False, model=str(gguf_files[0]), revision=None))
         report["stage"] = "iteration"
         files = [str(f) for f in gguf_files]
         weights = (
@@ -139,7 +149,8 @@ def roundtrip(gguf_files: list[Path], hf_dir: Path, force_model_type: str = "") 
                 qtype,
             )
 
-    main = {n for n in original if not n.startswith(tuple(f"model.layers.{i}." for i in range(n_layers, n_layers + 4)))}
+    spec = tuple(f"model.layers.{i}." for i in range(n_layers, n_layers + 4))
+    main = {n for n in original if n.startswith(spec) == mtp}
     report.update(
         missing=sorted(main - covered.keys()),
         duplicates=sorted(n for n, c in covered.items() if c > 1),
@@ -158,5 +169,8 @@ if __name__ == "__main__":
     force = ""
     if args and args[0].startswith("--force-model-type="):
         force = args.pop(0).split("=", 1)[1]
+    mtp = bool(args) and args[0] == "--mtp"
+    if mtp:
+        args.pop(0)
     hf = Path(args.pop())
-    print("GLM5-REPORT " + json.dumps(roundtrip([Path(a) for a in args], hf, force)))
+    print("GLM5-REPORT " + json.dumps(roundtrip([Path(a) for a in args], hf, force, mtp)))

@@ -84,7 +84,25 @@ def test_rendered_args_parse_with_vllm(checker, tmp_path, capsys):
     assert parsed["chat_template_content_format"] == "string"
     assert parsed["host"] == "127.0.0.1"
     assert parsed["port"] == 8000
+    assert parsed["speculative_config"] is None  # MTP off by default (vllm_service_mtp_tokens 0)
     assert parsed["errors"] == []
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_mtp_tokens_render_a_speculative_config_vllm_parses(checker, tmp_path, capsys, tokens):
+    request = _render_args(tmp_path, vllm_service_mtp_tokens=tokens)
+    rc, out, err = checker(request, capsys)
+    assert rc == 0, err
+    parsed = json.loads(out.strip().splitlines()[-1])
+    assert parsed["speculative_config"] == {"method": "mtp", "num_speculative_tokens": tokens}
+
+
+def test_extra_args_cannot_repeat_the_roles_speculative_config(checker, tmp_path, capsys):
+    request = _render_args(tmp_path, vllm_service_mtp_tokens=1,
+                           vllm_service_extra_args=["--speculative-con", '{"method":"ngram"}'])
+    rc, out, err = checker(request, capsys)
+    assert rc == 2, out
+    assert "vllm_service_extra_args sets --speculative-config " in err
 
 
 @pytest.mark.parametrize(

@@ -145,15 +145,14 @@ def main() -> int:
         backend = AttentionConfig(backend=backend).backend
     except Exception as exc:
         errors.append(f"--attention-backend {args.attention_backend!r}: {exc}".splitlines()[0])
-    if request.get("sparse") and getattr(backend, "name", backend) == "TRITON_MLA_SPARSE":
-        # patch 0011's limits, refused before vLLM would at start (after the weights load)
-        if str(args.kv_cache_dtype) not in ("auto", "bfloat16", "float16"):
-            errors.append(
-                f"--kv-cache-dtype {args.kv_cache_dtype}: TRITON_MLA_SPARSE keeps a bf16/fp16 MLA cache "
-                "(an fp8 cache needs a quantized sparse MLA kernel; use dense attention for it)"
-            )
-        if getattr(args, "speculative_config", None):
-            errors.append("--speculative-config: TRITON_MLA_SPARSE takes one decode token per request")
+    # patch 0011's limit, refused before vLLM would at start (after the weights load);
+    # speculative decoding is taken since patch 0012
+    sparse = request.get("sparse") and getattr(backend, "name", backend) == "TRITON_MLA_SPARSE"
+    if sparse and str(args.kv_cache_dtype) not in ("auto", "bfloat16", "float16"):
+        errors.append(
+            f"--kv-cache-dtype {args.kv_cache_dtype}: TRITON_MLA_SPARSE keeps a bf16/fp16 MLA cache "
+            "(an fp8 cache needs a quantized sparse MLA kernel; use dense attention for it)"
+        )
     result = {
         "model": args.model_tag,
         "attention_backend": getattr(backend, "name", backend),
@@ -164,6 +163,7 @@ def main() -> int:
         "host": args.host,
         "port": args.port,
         "chat_template_content_format": args.chat_template_content_format,
+        "speculative_config": getattr(args, "speculative_config", None),
         "api_key_on_command_line": bool(args.api_key),
         "errors": errors,
     }

@@ -40,12 +40,12 @@ def run(args: argparse.Namespace) -> list[StageResult]:
     cfg = load_config(Path(args.hf_config))
     device = _device(args.device)
     stages = {int(s) for s in args.stages.split(",")}
-    if not stages <= set(range(1, 9)):
-        raise ValueError(f"--stages {args.stages}: stages are 1-8")
-    if 8 in stages:
+    if not stages <= set(range(1, 10)):
+        raise ValueError(f"--stages {args.stages}: stages are 1-9")
+    if stages & {8, 9}:
         if device != "cpu":
-            raise ValueError("stage 8 runs vLLM on the CPU in Triton's interpreter: run it with --device cpu "
-                             "(in its own invocation on a GPU host)")
+            raise ValueError("stages 8 and 9 run vLLM on the CPU in Triton's interpreter: run them with "
+                             "--device cpu (in their own invocation on a GPU host)")
         from glm5_tools.diagnostics.vllm_forward import prepare_environment
 
         prepare_environment()  # before any stage imports vllm or triton
@@ -94,6 +94,16 @@ def run(args: argparse.Namespace) -> list[StageResult]:
         for backend in args.forward_backend.split(","):
             results.append(stage_forward.run_stage(Path(args.gguf), cfg_dir, backend=backend.strip(),
                                                    lengths=lengths))
+    if 9 in stages:
+        from glm5_tools.diagnostics import stage_mtp
+
+        cfg_dir = Path(args.hf_config)
+        cfg_dir = cfg_dir if cfg_dir.is_dir() else cfg_dir.parent
+        if not 1 <= args.mtp_tokens <= 3:
+            raise ValueError(f"--mtp-tokens {args.mtp_tokens}: 1-3 draft tokens")
+        for backend in args.forward_backend.split(","):
+            results.append(stage_mtp.run_check(Path(args.gguf), cfg_dir, backend=backend.strip(),
+                                               length=args.mtp_length, num_speculative_tokens=args.mtp_tokens))
     return results
 
 
@@ -118,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forward-lengths", default="24,64",
                    help="stage 8: prompt lengths in tokens, comma-separated (use some above index_topk "
                         "for the sparse path)")
+    p.add_argument("--mtp-tokens", type=int, default=3,
+                   help="stage 9: num_speculative_tokens of the MTP drafter (1-3)")
+    p.add_argument("--mtp-length", type=int, default=40, help="stage 9: prompt length in tokens")
     args = p.parse_args(argv)
     try:
         results = run(args)

@@ -33,7 +33,9 @@ selected key one position back (an off-by-one selection), ``"causal"`` lets the 
 see one future token, ``"rope_halves"`` ropes the indexer with rotate-half pairs (the
 layout fault between llama.cpp's and some Hugging Face conventions).
 
-Not modelled: YaRN (GLM-5 has no rope scaling), the MTP block (not on the main path),
+The NextN (MTP) layer that speculative decoding drafts with: ``nextn`` / ``draft_chain``.
+
+Not modelled: YaRN (GLM-5 has no rope scaling),
 quantized activations (llama.cpp quantizes activations to 8 bits for K-quant matmuls and
 keeps f16 caches: the reason agreement is measured with top-1 and KL, not bitwise).
 """
@@ -59,6 +61,7 @@ INDEXER_NORM_EPS = 1e-6  # DeepSeek V3.2 / GLM-5 indexer LayerNorm
 @dataclass(frozen=True)
 class GlmDsaHParams:
     n_layer: int  # main layers (block_count less the MTP layers)
+    n_nextn: int  # NextN (MTP) layers after them
     n_dense: int  # leading dense layers
     n_embd: int
     n_head: int
@@ -92,6 +95,7 @@ class GlmDsaHParams:
         rope = int(g("rope.dimension_count"))
         return cls(
             n_layer=int(g("block_count")) - int(meta.get(f"{ARCH}.nextn_predict_layers", 0)),
+            n_nextn=int(meta.get(f"{ARCH}.nextn_predict_layers", 0)),
             n_dense=int(g("leading_dense_block_count")),
             n_embd=int(g("embedding_length")),
             n_head=int(g("attention.head_count")),
@@ -197,6 +201,13 @@ class LayerTrace:
 class Forward:
     logits: torch.Tensor  # [T, V] float32
     layers: list[LayerTrace] = field(default_factory=list)
+    hidden: torch.Tensor | None = None  # [T, n_embd]: after the final norm
+
+
+@dataclass
+class NextnForward:
+    logits: torch.Tensor  # [T, V] float32
+    out: torch.Tensor  # [T, n_embd]: after the shared head's norm (the next step's input)
 
 
 class GlmDsaReference:
@@ -338,20 +349,87 @@ class GlmDsaReference:
         traces: list[LayerTrace] = []
         for il in range(hp.n_layer):
             tap: dict[str, torch.Tensor] | None = {} if taps is not None else None
-            normed = rms_norm(x, self.w(f"blk.{il}.attn_norm.weight"), hp.rms_eps)
-            a, trace = self._attention(normed, il, attention, selection_fault)
+            x, trace = self._block(x, il, attention, selection_fault, tap)
             if keep_trace:
                 traces.append(trace)
-            x = x + a
-            h = rms_norm(x, self.w(f"blk.{il}.ffn_norm.weight"), hp.rms_eps)
-            m = self._ffn(h, f"blk.{il}") if il < hp.n_dense else self._moe(h, il, tap)
-            x = x + m
             if tap is not None and taps is not None:
-                tap.update(attn_norm=normed, attn=a, ffn_norm=h, mlp=m, out=x)
                 taps.append(tap)
         x = rms_norm(x, self.w("output_norm.weight"), hp.rms_eps)
-        out = self.w("output.weight") if self.has("output.weight") else self.w("token_embd.weight")
-        return Forward(logits=x @ out.T, layers=traces)
+        return Forward(logits=x @ self._head().T, layers=traces, hidden=x)
+
+    def _head(self) -> torch.Tensor:
+        return self.w("output.weight") if self.has("output.weight") else self.w("token_embd.weight")
+
+    def _block(self, x: torch.Tensor, il: int, attention: Attention, fault: SelectionFault,
+               tap: dict[str, torch.Tensor] | None) -> tuple[torch.Tensor, LayerTrace]:
+        """One decoder layer (pre-norm attention and FFN/MoE, residuals) of the residual stream x."""
+        hp = self.hp
+        normed = rms_norm(x, self.w(f"blk.{il}.attn_norm.weight"), hp.rms_eps)
+        a, trace = self._attention(normed, il, attention, fault)
+        x = x + a
+        h = rms_norm(x, self.w(f"blk.{il}.ffn_norm.weight"), hp.rms_eps)
+        m = self._ffn(h, f"blk.{il}") if il < hp.n_dense else self._moe(h, il, tap)
+        x = x + m
+        if tap is not None:
+            tap.update(attn_norm=normed, attn=a, ffn_norm=h, mlp=m, out=x)
+        return x, trace
+
+    # --- the NextN (MTP) layer ----------------------------------------------------------
+
+    def nextn(self, tokens: list[int], hidden: torch.Tensor, *, layer: int = 0,
+              attention: Attention = "sparse-fp8", mask_first: bool = True) -> NextnForward:
+        """GLM-5's NextN layer ``blk.{n_layer + layer}`` over a sequence: at position i the
+        token ``tokens[i]`` (the one after the main model's position i) and the hidden
+        state ``hidden[i]`` (the main model's final-norm output there, or the previous
+        draft step's output), positions 0..T-1:
+
+        ``x = eh_proj([enorm(embed(token)) ; hnorm(hidden)])``, one decoder layer (its
+        own DSA attention over the sequence, MoE), ``out = shared_head_norm(x)``,
+        ``logits = out @ output^T``. ``out`` is also what the next draft step takes in
+        as its hidden state (GLM NextN; llama.cpp's glm-dsa MTP graph does the same).
+        The embedding and head are the model's (the GGUF's ``nextn.embed_tokens`` /
+        ``nextn.shared_head_head`` when it has them). ``mask_first``: the embedding at
+        position 0 is zeroed, as vLLM's DeepSeek MTP layer does (llama.cpp does not).
+        """
+        with torch.no_grad():
+            return self._nextn(tokens, hidden, layer, attention, mask_first)
+
+    def _nextn(self, tokens: list[int], hidden: torch.Tensor, layer: int, attention: Attention,
+               mask_first: bool) -> NextnForward:
+        hp = self.hp
+        if not 0 <= layer < hp.n_nextn:
+            raise ValueError(f"NextN layer {layer}: the GGUF has {hp.n_nextn}")
+        if hidden.shape != (len(tokens), hp.n_embd):
+            raise ValueError(f"hidden {tuple(hidden.shape)} for {len(tokens)} tokens of {hp.n_embd}")
+        il = hp.n_layer + layer
+        p = f"blk.{il}.nextn"
+        embd = self.w(f"{p}.embed_tokens.weight") if self.has(f"{p}.embed_tokens.weight") \
+            else self.w("token_embd.weight")
+        e = embd[torch.tensor(tokens, dtype=torch.long)]
+        if mask_first:
+            e[0] = 0.0
+        e = rms_norm(e, self.w(f"{p}.enorm.weight"), hp.rms_eps)
+        h = rms_norm(hidden.float(), self.w(f"{p}.hnorm.weight"), hp.rms_eps)
+        x = torch.cat([e, h], dim=-1) @ self.w(f"{p}.eh_proj.weight").T
+        x, _ = self._block(x, il, attention, "none", None)
+        out = rms_norm(x, self.w(f"{p}.shared_head_norm.weight"), hp.rms_eps)
+        head = self.w(f"{p}.shared_head_head.weight") if self.has(f"{p}.shared_head_head.weight") \
+            else self._head()
+        return NextnForward(logits=out @ head.T, out=out)
+
+    def draft_chain(self, tokens: list[int], hidden: torch.Tensor, next_inputs: list[int], *,
+                    attention: Attention = "sparse-fp8", mask_first: bool = True) -> list[NextnForward]:
+        """A chain of 1 + len(next_inputs) draft steps as a speculative decoder runs it:
+        step 0 is ``nextn(tokens, hidden)``; step k > 0 appends ``next_inputs[k-1]`` to the
+        tokens and step k-1's output at its last position to the hidden states. Returns
+        each step's NextnForward (its last position is the step's draft)."""
+        toks, hid = list(tokens), hidden.float()
+        steps = [self.nextn(toks, hid, attention=attention, mask_first=mask_first)]
+        for tok in next_inputs:
+            toks.append(int(tok))
+            hid = torch.cat([hid, steps[-1].out[-1:]], dim=0)
+            steps.append(self.nextn(toks, hid, attention=attention, mask_first=mask_first))
+        return steps
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

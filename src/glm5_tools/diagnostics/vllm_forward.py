@@ -305,7 +305,10 @@ class VllmCpuModel:
     """vLLM's GlmMoeDsaForCausalLM loaded from a GGUF on the CPU, run one prompt at a time."""
 
     def __init__(self, gguf: Path | str, hf_dir: Path | str, backend: str, *, max_model_len: int = 512,
-                 dtype: str = "float32") -> None:
+                 dtype: str = "float32", speculative_config: dict[str, Any] | None = None) -> None:
+        """``speculative_config``: what ``--speculative-config`` would get (e.g. ``{"method":
+        "mtp", "num_speculative_tokens": 3}``); the drafter is then built and loaded as
+        vLLM's proposer builds it (``self.drafter``, ``draft()``)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
         prepare_environment()
@@ -316,7 +319,9 @@ class VllmCpuModel:
             DeviceConfig,
             LoadConfig,
             ModelConfig,
+            ParallelConfig,
             SchedulerConfig,
+            SpeculativeConfig,
             VllmConfig,
             set_current_vllm_config,
         )
@@ -326,7 +331,14 @@ class VllmCpuModel:
         self.model_config = ModelConfig(model=str(gguf), tokenizer=str(hf_dir), hf_config_path=str(hf_dir),
                                         dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
                                         quantization="gguf")
+        parallel_config = ParallelConfig()
+        # as EngineArgs.create_speculative_config makes it from --speculative-config
+        spec = (SpeculativeConfig(**speculative_config, target_model_config=self.model_config,
+                                  target_parallel_config=parallel_config)
+                if speculative_config is not None else None)
         self.vllm_config = VllmConfig(
+            parallel_config=parallel_config,
+            speculative_config=spec,
             model_config=self.model_config,
             device_config=DeviceConfig(device="cpu"),
             load_config=LoadConfig(load_format="gguf"),
@@ -343,11 +355,31 @@ class VllmCpuModel:
             with cpu_standins(), torch.device("cpu"):
                 loader = get_model_loader(self.vllm_config.load_config)
                 self.model = loader.load_model(vllm_config=self.vllm_config, model_config=self.model_config)
+                self.drafter = self._load_drafter() if spec is not None else None
             self.model.eval()
             self._indexer_ops_as_on_cuda()
             self.dtype = self.model_config.dtype
             self._attn_layers = self._attention_layers()
             self._alloc_caches(max_model_len)
+
+    def _load_drafter(self) -> Any:
+        """The speculative drafter as vLLM's proposer loads it (LLMBaseProposer._get_model
+        and load_model): get_model with the draft model and load configs, then the
+        proposer's own sharing of the target's embedding, LM head and top-k buffer
+        (its methods, called on a stand-in for the proposer object, which holds GPU
+        buffers)."""
+        from types import SimpleNamespace
+
+        from vllm.model_executor.model_loader import get_model
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+        spec = self.vllm_config.speculative_config
+        drafter = get_model(vllm_config=self.vllm_config, model_config=spec.draft_model_config,
+                            load_config=spec.draft_load_config)
+        proposer = SimpleNamespace(model=drafter, use_local_argmax_reduction=False)
+        SpecDecodeBaseProposer._maybe_share_embeddings(proposer, self.model)
+        SpecDecodeBaseProposer._maybe_share_lm_head(proposer, self.model)
+        return proposer.model
 
     def _indexer_ops_as_on_cuda(self) -> None:
         """SparseAttnIndexer's forward_native only dispatches to forward_cuda on a CUDA
@@ -355,7 +387,8 @@ class VllmCpuModel:
         op (patch 0011): take it, as the CUDA platform does."""
         from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
-        for mod in self.model.modules():
+        models = [self.model] + ([self.drafter] if self.drafter is not None else [])
+        for mod in (m for model in models for m in model.modules()):
             if isinstance(mod, SparseAttnIndexer):
                 mod._forward_method = mod.forward_cuda
 
@@ -394,20 +427,22 @@ class VllmCpuModel:
             _num_computed_tokens_cpu=sl - torch.tensor(query_lens, dtype=torch.int32),
         )
 
-    def _metadata(self, t: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """Per layer name: attention metadata for a prompt of t tokens, built by the
-        backends' own metadata builders, and the slot mapping (position p -> slot p)."""
+    def _metadata(self, t: int, start: int = 0) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Per layer name: attention metadata for the tokens at positions start..t-1 of a
+        sequence of t tokens (positions before start already in the caches), built by
+        the backends' own metadata builders, and the slot mapping (position p -> slot p)."""
         nblk = (t + BLOCK - 1) // BLOCK
         # blocks in reverse order so that a block-table fault cannot pass by identity
         blocks = torch.arange(self.num_blocks - 1, self.num_blocks - 1 - nblk, -1, dtype=torch.int32)
-        pos = torch.arange(t)
+        pos = torch.arange(start, t)
         slots = (blocks[pos // BLOCK].long() * BLOCK + pos % BLOCK).to(torch.int64)
+        n = t - start
         if self.backend == "TRITON_MLA":
             # every position as one decode request: query 1 token, context positions 0..p
-            cm = self._common_metadata([1] * t, [p + 1 for p in range(t)],
-                                       blocks[None, :].expand(t, nblk).contiguous(), slots)
+            cm = self._common_metadata([1] * n, [p + 1 for p in range(start, t)],
+                                       blocks[None, :].expand(n, nblk).contiguous(), slots)
         else:
-            cm = self._common_metadata([t], [t], blocks[None, :].contiguous(), slots)
+            cm = self._common_metadata([n], [t], blocks[None, :].contiguous(), slots)
         metadata: dict[str, Any] = {}
         builders: dict[tuple[type, int], Any] = {}
         for name, layer in self._attn_layers.items():
@@ -420,26 +455,108 @@ class VllmCpuModel:
         return metadata, {name: slots for name in self._attn_layers}
 
     def forward(self, tokens: list[int], *, taps: Taps | None = None) -> torch.Tensor:
-        """Logits [T, V] (float32) of one prompt; per-layer values into taps."""
+        """Logits [T, V] (float32) of one prompt; per-layer values into taps. The model's
+        output hidden states (after its final norm: what vLLM hands a drafter) are kept
+        as ``self.hidden`` [T, hidden] float32."""
         from vllm.config import set_current_vllm_config
-        from vllm.forward_context import set_forward_context
 
         t = len(tokens)
-        ids = torch.tensor(tokens, dtype=torch.long)
-        positions = torch.arange(t, dtype=torch.long)
         for layer in self._attn_layers.values():
             layer.kv_cache.zero_()
         hooks = _install_taps(self.model, taps) if taps is not None else []
         try:
+            hidden = self._step(self.model, t, 0, input_ids=torch.tensor(tokens, dtype=torch.long),
+                                intermediate_tensors=None)
             with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
-                metadata, slot_mapping = self._metadata(t)
-                with set_forward_context(metadata, self.vllm_config, num_tokens=t, slot_mapping=slot_mapping):
-                    hidden = self.model(input_ids=ids, positions=positions, intermediate_tensors=None)
-                    logits = self.model.compute_logits(hidden)
+                logits = self.model.compute_logits(hidden)
         finally:
             for h in hooks:
                 h.remove()
+        self.hidden = hidden.detach().float().clone()
         return logits[:, : self.model_config.hf_config.vocab_size].float()
+
+    def forward_tail(self, tokens: list[int], tail: int) -> torch.Tensor:
+        """Logits [tail, V] of the last ``tail`` tokens, run as a second step after a
+        prefill of the others: with a speculative config and tail <= 1 +
+        num_speculative_tokens, the backends' builders classify that step as decode
+        tokens, as they do the target's verification of the drafts in serving."""
+        from vllm.config import set_current_vllm_config
+
+        t = len(tokens)
+        if not 0 < tail < t:
+            raise ValueError(f"forward_tail: tail {tail} of {t} tokens")
+        for layer in self._attn_layers.values():
+            layer.kv_cache.zero_()
+        ids = torch.tensor(tokens, dtype=torch.long)
+        self._step(self.model, t - tail, 0, input_ids=ids[: t - tail], intermediate_tensors=None)
+        hidden = self._step(self.model, t, t - tail, input_ids=ids[t - tail :], intermediate_tensors=None)
+        with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
+            logits = self.model.compute_logits(hidden)
+        return logits[:, : self.model_config.hf_config.vocab_size].float()
+
+    def _step(self, model: Any, t: int, start: int, **inputs: Any) -> torch.Tensor:
+        """One forward of model over the tokens at positions start..t-1 (earlier positions
+        in the caches)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.forward_context import set_forward_context
+
+        positions = torch.arange(start, t, dtype=torch.long)
+        with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
+            metadata, slot_mapping = self._metadata(t, start)
+            with set_forward_context(metadata, self.vllm_config, num_tokens=t - start, slot_mapping=slot_mapping):
+                out: torch.Tensor = model(positions=positions, **inputs)
+        return out
+
+    def draft(self, tokens: list[int]) -> DraftRun:
+        """What vLLM's proposer drafts after a prefill of tokens, greedy, one request
+        (LLMBaseProposer.propose, chain of num_speculative_tokens): the target's forward
+        gives the next token and its hidden states; the first draft step runs the drafter
+        over positions 0..T-1 with the token ids shifted by one (the next token last) and
+        the target's hidden states; each further step one token (the previous step's
+        argmax) at the next position with the hidden state the previous step returned."""
+        if self.drafter is None:
+            raise ValueError("draft(): the model was built without a speculative_config")
+        from vllm.config import set_current_vllm_config
+
+        steps = int(self.vllm_config.speculative_config.num_speculative_tokens)
+        vocab = self.model_config.hf_config.vocab_size
+        target = self.forward(tokens)
+        t = len(tokens)
+        nxt = int(target[-1].argmax())
+        ids = torch.tensor([*tokens[1:], nxt], dtype=torch.long)
+        hidden_in = self.hidden
+        run = DraftRun(target_logits=target, target_hidden=self.hidden, next_token=nxt)
+        start, end = 0, t
+        for _ in range(steps):
+            out = self._step(self.drafter, end, start, input_ids=ids, hidden_states=hidden_in,
+                             inputs_embeds=None)
+            with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
+                logits = self.drafter.compute_logits(out[-1:])[0, :vocab].float()
+            run.logits.append(logits)
+            run.carried.append(out[-1].detach().float().clone())
+            run.inputs.append(int(ids[-1]))
+            drafted = int(logits.argmax())
+            run.drafted.append(drafted)
+            ids = torch.tensor([drafted], dtype=torch.long)
+            hidden_in = out[-1:]
+            start, end = end, end + 1
+        return run
+
+
+@dataclass
+class DraftRun:
+    """One greedy draft chain (VllmCpuModel.draft): the target's logits [T, V] and hidden
+    states [T, hidden] of the prompt, its next token, and per draft step k (0-based) the
+    drafter's logits [V], the token it took in at the step's last position, the hidden
+    state it returned there (what step k+1 takes in) and its argmax."""
+
+    target_logits: torch.Tensor
+    target_hidden: torch.Tensor
+    next_token: int
+    logits: list[torch.Tensor] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    carried: list[torch.Tensor] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
 
 
 def _install_taps(model: torch.nn.Module, taps: Taps) -> list[Any]:
