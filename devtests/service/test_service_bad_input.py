@@ -180,9 +180,14 @@ def test_mtp_with_a_speculative_config_in_extra_args_refused(run_local, model_fi
 
 
 def test_mtp_tokens_refused_by_argument_specs(run_local, model_files):
+    """The role run on its own (no validation phase before it): Ansible's check of the
+    role's argument spec refuses first, before any task."""
     run = run_local("service_role.yml", {**model_files, "vllm_service_mtp_tokens": 5})
-    _refused(run, REFUSE, "vllm_service_mtp_tokens")
-    assert "5" in message(run.first_failure())
+    assert run.rc != 0
+    failure = run.first_failure()
+    assert failure["event_data"]["task"].startswith("Validating arguments against arg spec 'main'")
+    assert "vllm_service_mtp_tokens" in message(failure)
+    assert run.changed_before(failure) == []
 
 
 def test_mtp_tokens_accepted(run_local, model_files):
