@@ -118,7 +118,10 @@ def test_gated_repo_wrong_or_missing_token_fails_clearly_and_keeps_files(hub: Hu
 def test_not_enough_disk_is_refused_before_any_download(hub: Hub, tmp_path: Path) -> None:
     local = tmp_path / "model" / "gguf"
     local.mkdir(parents=True)
-    headroom = shutil.disk_usage(local).free
+    # The free space itself plus 10 GiB: the check must refuse even if other work frees
+    # space on the disk between this reading and the fetch's own (a headroom of exactly
+    # the free space failed once in CI when a container was removed meanwhile).
+    headroom = shutil.disk_usage(local).free + 10 * 1024**3
     got = run_fetch(hub, tmp_path, GGUF_REPO, local, headroom=headroom)
     assert got.rc == 1
     assert "headroom" in got.result["msg"] and "nothing downloaded" in got.result["msg"]
