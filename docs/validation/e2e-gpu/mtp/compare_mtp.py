@@ -24,6 +24,16 @@ def load(d: Path, name: str) -> dict[str, Any] | None:
     return json.loads(f.read_text()) if f.exists() else None
 
 
+def divergence(i: int, a: dict[str, Any], b: dict[str, Any], base_name: str) -> str:
+    """Where two greedy outputs first part, and how close the baseline's top-2 was there
+    (a margin of a few hundredths is a near-tie that summation order can flip)."""
+    k = next(j for j, (x, y) in enumerate(zip(a["greedy_ids"], b["greedy_ids"], strict=True)) if x != y)
+    mb = b.get("greedy_margins", [None] * (k + 1))[k]
+    ma = a.get("greedy_margins", [None] * (k + 1))[k]
+    return (f"prompt {i}: first differs at generated token {k} of {len(a['greedy_ids'])}; "
+            f"top-1/top-2 margin there: {base_name} {mb}, this {ma}")
+
+
 def main() -> int:
     d = Path(sys.argv[1])
     rc = 0
@@ -44,10 +54,15 @@ def main() -> int:
             line += f"; drafts {drafts:.0f}, mean acceptance length {1 + accepted / drafts:.2f}, per position {acc}"
         base_name = PAIRS.get(name)
         base = load(d, base_name) if base_name else None
+        repeats = [q.get("repeats_equal", True) for q in res["prompts"]]
+        line += f"; repeats equal on {sum(repeats)}/{len(repeats)} prompts"
         if base is not None:
             same = [a["greedy_ids"] == b["greedy_ids"] for a, b in zip(res["prompts"], base["prompts"], strict=True)]
             line += (f"; greedy equal to {base_name} on {sum(same)}/{len(same)} prompts; "
                      f"speed {res['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x {base_name}")
+            for i, (a, b) in enumerate(zip(res["prompts"], base["prompts"], strict=True)):
+                if a["greedy_ids"] != b["greedy_ids"]:
+                    line += "\n    " + divergence(i, a, b, base_name)
             if not all(same):
                 rc = 1
         rows.append(line)

@@ -1,5 +1,8 @@
 """Issue 23 (MTP run, prepared): one server's greedy completions of the held prompts,
 single-stream decode time, and vLLM's spec-decode counters (/metrics) before and after.
+Per prompt also: whether the REPEATS greedy outputs were equal, and each position's
+margin between the top-1 and top-2 log-probs (logprobs 2), so that a divergence between
+two servers can be told apart as a near-tie or not.
 
 usage: python3 query_mtp.py PORT OUT.json PROMPTS.json [MAX_TOKENS]
 Each prompt is sent alone (single stream), greedy (temperature 0), token ids in and out:
@@ -33,16 +36,22 @@ def _headers() -> dict[str, str]:
     return h
 
 
-def complete(ids: list[int], max_tokens: int) -> tuple[list[int], float]:
+def complete(ids: list[int], max_tokens: int) -> tuple[list[int], list[float], float]:
+    """Greedy ids, the margin top-1 minus top-2 log-prob at each position, seconds."""
     body = {"model": "glm-5", "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "logprobs": 1, "return_tokens_as_token_ids": True}
+            "ignore_eos": True, "logprobs": 2, "return_tokens_as_token_ids": True}
     req = urllib.request.Request(f"{BASE}/v1/completions", json.dumps(body).encode(), _headers())
     t = time.perf_counter()
     with urllib.request.urlopen(req, timeout=300) as r:
         data: dict[str, Any] = json.loads(r.read())
     took = time.perf_counter() - t
-    tokens = [int(s.split(":", 1)[1]) for s in data["choices"][0]["logprobs"]["tokens"]]
-    return tokens, took
+    lp = data["choices"][0]["logprobs"]
+    tokens = [int(s.split(":", 1)[1]) for s in lp["tokens"]]
+    margins = []
+    for top in lp["top_logprobs"]:
+        values = sorted((float(v) for v in top.values()), reverse=True)
+        margins.append(values[0] - values[1] if len(values) > 1 else float("inf"))
+    return tokens, margins, took
 
 
 def counters() -> dict[str, float]:
@@ -70,12 +79,16 @@ def main() -> None:
     for p in prompts:
         ids = [int(i) for i in p["ids"]]
         per_token = []
-        greedy: list[int] = []
+        runs: list[list[int]] = []
+        margins: list[float] = []
         for _ in range(REPEATS):
-            _, t1 = complete(ids, 1)
-            greedy, tn = complete(ids, MAX_TOKENS)
+            _, _, t1 = complete(ids, 1)
+            greedy, margins, tn = complete(ids, MAX_TOKENS)
+            runs.append(greedy)
             per_token.append((tn - t1) / (MAX_TOKENS - 1))
-        result["prompts"].append({"n_prompt": len(ids), "greedy_ids": greedy,
+        result["prompts"].append({"n_prompt": len(ids), "greedy_ids": runs[-1],
+                                  "greedy_margins": margins,
+                                  "repeats_equal": all(r == runs[0] for r in runs),
                                   "decode_s_per_token": statistics.median(per_token),
                                   "decode_s_per_token_runs": per_token})
     after = counters()
