@@ -62,8 +62,8 @@ def counters() -> dict[str, float]:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:spec_decode_"):
-            continue
+        if not line.startswith("vllm:spec_decode_") or "_created" in line.split(" ", 1)[0]:
+            continue  # (the _created series are creation timestamps, not counts)
         name_labels, value = line.rsplit(" ", 1)
         name = name_labels.split("{", 1)[0]
         if 'position="' in name_labels:

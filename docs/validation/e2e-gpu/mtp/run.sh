@@ -16,6 +16,10 @@
 # decode timing has the GPU to itself. "compare" then runs compare_mtp.py over all results
 # so far: greedy equality with/without MTP (first divergence and the top-2 margin there),
 # acceptance per draft position, tokens/s side by side.
+# CROSS_REF=NAME (a server of the wave): after the queries, crosscheck_mtp.py feeds every
+# other server's greedy output back to NAME (teacher-forced) and reports the deficits.
+# FAULT=1: also a copy of the tree with a verification-step fault (below), served as
+# sparse-mtp3-graphs-fault, to show that the cross-check fails on it.
 # Everything comes back under $OUT (results as mtp.tar.gz, server logs apart).
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
@@ -46,6 +50,31 @@ if [ ! -f /root/setup7.done ]; then
   touch /root/setup7.done
   el "setup done"
 fi
+if [ -n "${FAULT:-}" ] && [ ! -d /root/site-fault ]; then
+  # The fault a verification step could have: each token of a decode request of up to
+  # 4 query tokens (1 + 3 drafts) gets the request's whole context, so it sees the draft
+  # tokens after it. Prefill and one-token decode stay right (for them it is the same
+  # value). Injected into a copy of the patched tree; the cross-check must flag it.
+  cp -a /root/site /root/site-fault
+  python3 - /root/site-fault/vllm/v1/attention/backends/mla/sparse_utils.py <<'PY'
+import sys
+from pathlib import Path
+f = Path(sys.argv[1]); s = f.read_text()
+line = "    ctx = seq_lens[:num_reqs].to(torch.int32)[req] - ends[req] + tok + 1\n"
+assert s.count(line) == 1, "fault: the context line of token_request_and_context is not there once"
+fault = ("    ctx = torch.where((ends[req] - query_start_loc[:num_reqs].to(torch.int32)[req]) <= 4, "
+         "seq_lens[:num_reqs].to(torch.int32)[req], ctx)  # FAULT (run 8)\n")
+f.write_text(s.replace(line, line + fault))
+print("fault injected into", f)
+PY
+  mkdir -p /root/ml-env-fault/bin
+  sed 's|/root/site|/root/site-fault|' /root/ml-env/bin/python > /root/ml-env-fault/bin/python
+  sed 's|/root/site|/root/site-fault|' /root/ml-env/bin/vllm > /root/ml-env-fault/bin/vllm
+  chmod 0755 /root/ml-env-fault/bin/*
+  sed -e 's|/root/ml-env/|/root/ml-env-fault/|g' -e 's|--port 8004|--port 8006|' \
+    "$R/cmdline-sparse-mtp3-graphs.sh" > "$R/cmdline-sparse-mtp3-graphs-fault.sh"
+  grep -q -- '--port 8006' "$R/cmdline-sparse-mtp3-graphs-fault.sh" || { echo "fault cmdline not made"; exit 1; }
+fi
 export VLLM_API_KEY=$(cat /root/apikey)
 health() { python3 -c "import sys,urllib.request
 try: print(urllib.request.urlopen(sys.argv[1], timeout=3).status)
@@ -74,6 +103,12 @@ for s in $WAVE; do
   fi
   grep -nE "Traceback|Error|error:" "$L/server-$s.log" | grep -v VLLM_API_KEY | head -6 | sed "s/^/$s: /" | cut -c1-400
 done
+if [ -n "${CROSS_REF:-}" ]; then
+  subjects=$(for s in $WAVE; do [ "$s" != "$CROSS_REF" ] && echo "$s"; done)
+  PROMPTS=$REPO/docs/validation/e2e-gpu/run5/prompts.json python3 "$R/crosscheck_mtp.py" \
+    "$(port_of "$CROSS_REF")" "$L" "$CROSS_REF" $subjects 2>&1 | tee "$L/crosscheck.txt"
+  el "cross-checked against $CROSS_REF"
+fi
 for s in $WAVE; do kill -TERM -"${pid[$s]}" 2>/dev/null; done; sleep 3
 for s in $WAVE; do kill -KILL -"${pid[$s]}" 2>/dev/null; tail -80 "$L/server-$s.log" > "$L/tail-$s.log"; done
 if [ "${2:-}" = compare ]; then
