@@ -179,40 +179,51 @@ def main() -> None:
     for rows, kk, width in cases:
         x = selection(rows, kk, width, gen, dev)
         x[0, :5] = x[0, 5]  # duplicates
-        y = x.clone()
-        su.sort_topk_rows(y)
-        ok &= bool(torch.equal(y, torch_sort_last(x)))
+        want = torch_sort_last(x)
+        for method in ("rank", "bitonic", None):
+            y = x.clone()
+            su.sort_topk_rows(y, method=method)  # in place
+            ok &= bool(torch.equal(y, want))
+            z = torch.full((rows, kk + 3), 7, dtype=torch.int32, device=dev)
+            su.sort_topk_rows(x, z[:, :kk], method=method)  # into a wider buffer
+            ok &= bool(torch.equal(z[:, :kk], want)) and bool((z[:, kk:] == 7).all())
     res["sort_equals_torch_sort"] = ok
     lines.append(f"Triton sort == torch.sort (-1 last), padding and duplicates: {ok}")
 
     # 1. timing
     timing: list[dict[str, Any]] = []
-    default_warps = 8  # sort_topk_rows' choice for k = 2048 (8 from block 2048 on)
+    rank_rows = getattr(su, "SORT_RANK_MAX_ROWS", None)
     floor_buf = torch.zeros(1, device=dev)
     for rows in () if smoke else (1, 16, 64, 256):
         x = selection(rows, k, 65536, gen, dev)
         row: dict[str, Any] = {"rows": rows, "k": k}
         row["torch_sort_last_us"] = graph_us(lambda x=x: torch_sort_last(x))
         row["torch_sort_only_us"] = graph_us(lambda x=x: torch.sort(x, dim=1))
-        for w in (4, 8, 16):
-            y = x.clone()
-            row[f"triton_sort_w{w}_us"] = graph_us(lambda y=y, w=w: su.sort_topk_rows(y, num_warps=w))
         y = x.clone()
-        row["triton_sort_default_us"] = graph_us(lambda y=y: su.sort_topk_rows(y))
+        for w in (4, 8, 16):
+            row[f"bitonic_w{w}_us"] = graph_us(lambda y=y, w=w: su.sort_topk_rows(y, method="bitonic", num_warps=w))
+        for w in (4, 8):
+            row[f"rank_w{w}_us"] = graph_us(lambda x=x, y=y, w=w: su.sort_topk_rows(x, y, method="rank", num_warps=w))
+        # as indexer_topk calls it: persistent_topk's scratch buffer into the selection
+        row["triton_sort_default_us"] = graph_us(lambda x=x, y=y: su.sort_topk_rows(x, y))
         row["torch_over_triton_default"] = row["torch_sort_last_us"] / row["triton_sort_default_us"]
         timing.append(row)
     res["graph_floor_us"] = 0.0 if smoke else graph_us(lambda: floor_buf.add_(1))
     res["timing"] = timing
     res["timing_note"] = (
-        "CUDA graph of one op, median of 7 x 200 replays, us per replay; the Triton sort "
-        f"sorts in place (a bitonic network: the same work for any input); default num_warps {default_warps}"
+        "CUDA graph of one op, median of 7 x 200 replays, us per replay; bitonic in place, rank from "
+        "the input into a second buffer (both the same work for any input); default: src -> dst, "
+        f"rank up to {rank_rows} rows, bitonic beyond"
     )
     lines.append(f"graph floor (one tiny op): {res['graph_floor_us']:.1f} us")
-    lines.append("rows | torch.sort -1 last | torch.sort alone | Triton w4 / w8 / w16 | Triton default | torch/Triton")
+    lines.append(
+        "rows | torch.sort -1 last | torch.sort alone | bitonic w4 / w8 / w16 | rank w4 / w8 | default | torch/default"
+    )
     for r in timing:
         lines.append(
             f"{r['rows']:4d} | {r['torch_sort_last_us']:.1f} | {r['torch_sort_only_us']:.1f} | "
-            f"{r['triton_sort_w4_us']:.1f} / {r['triton_sort_w8_us']:.1f} / {r['triton_sort_w16_us']:.1f} | "
+            f"{r['bitonic_w4_us']:.1f} / {r['bitonic_w8_us']:.1f} / {r['bitonic_w16_us']:.1f} | "
+            f"{r['rank_w4_us']:.1f} / {r['rank_w8_us']:.1f} | "
             f"{r['triton_sort_default_us']:.1f} | {r['torch_over_triton_default']:.1f}x"
         )
 
@@ -225,13 +236,14 @@ def main() -> None:
             scores = torch.randn(rows, width, generator=gen, device=dev)
             ctx = torch.full((rows,), width - 100, dtype=torch.int32, device=dev)
             dst = torch.full((rows, k), -1, dtype=torch.int32, device=dev)
+            sel = torch.full((rows, k), -1, dtype=torch.int32, device=dev)
 
             def top(dst: torch.Tensor = dst, scores: torch.Tensor = scores, ctx: torch.Tensor = ctx) -> None:
                 ptopk(scores, ctx, dst, ws, k, scores.shape[1])
 
-            def top_sort(dst: torch.Tensor = dst, top: Callable[[], None] = top) -> None:
+            def top_sort(dst: torch.Tensor = dst, sel: torch.Tensor = sel, top: Callable[[], None] = top) -> None:
                 top()
-                su.sort_topk_rows(dst)
+                su.sort_topk_rows(dst, sel)
 
             a, b = graph_us(top), graph_us(top_sort)
             pt.append({"rows": rows, "width": width, "persistent_topk_us": a, "plus_sort_us": b, "added_us": b - a})
