@@ -48,16 +48,18 @@ def main() -> None:
     cases.append(x)
     cases.append(torch.randint(-1, 60, (3, 37), generator=gen, dtype=torch.int32))
     cases.append(torch.randperm(70000, generator=gen)[:2048].int()[None, :])
-    sort_ok = True
-    for c in cases:
-        y = c.clone()
-        su.sort_topk_rows(y)
-        sort_ok &= torch.equal(y, torch_sort_last(c))
-    # a view with a row stride (topk_indices_buffer[:n, :k] of a wider buffer)
-    wide = torch.full((4, TOPK + 8), 77, dtype=torch.int32)
-    wide[:, :TOPK] = cases[0][:4]
-    su.sort_topk_rows(wide[:, :TOPK])
-    sort_ok &= torch.equal(wide[:, :TOPK], torch_sort_last(cases[0][:4])) and bool((wide[:, TOPK:] == 77).all())
+    sort_ok = {}
+    for method in ("rank", "bitonic"):
+        ok = True
+        for c in cases:
+            y = c.clone()
+            su.sort_topk_rows(y, method=method)  # in place
+            ok &= torch.equal(y, torch_sort_last(c))
+            # into a view with a row stride (topk_indices_buffer[:n, :k] of a wider buffer)
+            wide = torch.full((c.shape[0], c.shape[1] + 8), 77, dtype=torch.int32)
+            su.sort_topk_rows(c, wide[:, : c.shape[1]], method=method)
+            ok &= torch.equal(wide[:, : c.shape[1]], torch_sort_last(c)) and bool((wide[:, -8:] == 77).all())
+        sort_ok[method] = ok
     result["sort_equals_torch_sort"] = sort_ok
 
     # 2. indexer_topk on the persistent_topk path (the GPU op's stand-in) against the
@@ -94,15 +96,19 @@ def main() -> None:
     )
 
     su.topk_path = lambda device, topk: "persistent_topk"
+    rank_rows = su.SORT_RANK_MAX_ROWS
     try:
         sels = []
-        for _ in range(4):
+        for call in range(4):
+            # the first two calls sort with the rank kernel, the last two with the bitonic one
+            su.SORT_RANK_MAX_ROWS = rank_rows if call < 2 else 0
             buf = torch.full((rows + 2, TOPK + 4), 9, dtype=torch.int32)
             su.indexer_topk(scores, TOPK, buf[:rows], lens, torch.empty(16, dtype=torch.uint8))
             assert bool((buf[:, TOPK:] == 9).all()) and bool((buf[rows:] == 9).all())
             sels.append(buf[:rows, :TOPK].clone())
     finally:
         su.topk_path = torch_topk_path
+        su.SORT_RANK_MAX_ROWS = rank_rows
     result["persistent_path_set_exact"] = all(torch.equal(torch_sort_last(s), want) for s in sels)
     result["persistent_path_equals_torch_path"] = all(torch.equal(s, want) for s in sels)
     result["persistent_path_calls_identical"] = all(torch.equal(s, sels[0]) for s in sels)
