@@ -11,11 +11,12 @@ torch.ops._C.persistent_topk comes from vLLM's _C when it imports (a vLLM site o
 PYTHONPATH); without it the selection check uses torch.topk's set in random orders.
 
 1. Timing, CUDA graph of one op, median of 7 x 200 replays (as run 6 timed torch.sort):
-   the Triton row sort (num_warps 4/8/16; the code's default marked) against torch.sort
-   (-1 kept last, as run 6) of int32 [rows, 2048], rows 1/16/64/256; the floor (a graph
-   of one tiny op); with _C also persistent_topk alone and + the sort (decode, 64k).
-2. Correctness: the Triton sort equals torch.sort (-1 last) on random rows with padding
-   and duplicates.
+   0011's sort kernels (bitonic at num_warps 4/8/16, rank at 4/8, and the default choice
+   as indexer_topk calls it) against torch.sort (-1 kept last, as run 6) of int32
+   [rows, 2048], rows 1/16/64/256 (decode batches) and 4096 (a prefill chunk); the floor
+   (a graph of one tiny op); with _C also persistent_topk alone and + the sort (64k).
+2. Correctness: both kernels, in place and into a wider buffer, equal torch.sort (-1
+   last) on random rows with padding and duplicates.
 3. Repeatability: 5 selections of the same scores (persistent_topk, or torch.topk's set
    shuffled), each through sparse_mla (GLM-5's per-rank dims at TP 8: 8 heads, 512 + 64)
    with and without the sort: max |difference| against the first call.
@@ -194,7 +195,7 @@ def main() -> None:
     timing: list[dict[str, Any]] = []
     rank_rows = getattr(su, "SORT_RANK_MAX_ROWS", None)
     floor_buf = torch.zeros(1, device=dev)
-    for rows in () if smoke else (1, 16, 64, 256):
+    for rows in () if smoke else (1, 16, 64, 256, 4096):
         x = selection(rows, k, 65536, gen, dev)
         row: dict[str, Any] = {"rows": rows, "k": k}
         row["torch_sort_last_us"] = graph_us(lambda x=x: torch_sort_last(x))
