@@ -53,11 +53,11 @@ def main() -> None:
         ok = True
         for c in cases:
             y = c.clone()
-            su.sort_topk_rows(y, method=method)  # in place
+            su.sort_topk_rows(y, width=70000, method=method)  # in place
             ok &= torch.equal(y, torch_sort_last(c))
             # into a view with a row stride (topk_indices_buffer[:n, :k] of a wider buffer)
             wide = torch.full((c.shape[0], c.shape[1] + 8), 77, dtype=torch.int32)
-            su.sort_topk_rows(c, wide[:, : c.shape[1]], method=method)
+            su.sort_topk_rows(c, wide[:, : c.shape[1]], 70000, method=method)
             ok &= torch.equal(wide[:, : c.shape[1]], torch_sort_last(c)) and bool((wide[:, -8:] == 77).all())
         sort_ok[method] = ok
     result["sort_equals_torch_sort"] = sort_ok
@@ -101,7 +101,7 @@ def main() -> None:
         sels = []
         for call in range(4):
             # the first two calls sort with the rank kernel, the last two with the bitonic one
-            su.SORT_RANK_MAX_ROWS = rank_rows if call < 2 else 0
+            su.SORT_RANK_MAX_ROWS = rows if call < 2 else 0
             buf = torch.full((rows + 2, TOPK + 4), 9, dtype=torch.int32)
             su.indexer_topk(scores, TOPK, buf[:rows], lens, torch.empty(16, dtype=torch.uint8))
             assert bool((buf[:, TOPK:] == 9).all()) and bool((buf[rows:] == 9).all())
