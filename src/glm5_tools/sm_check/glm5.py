@@ -148,6 +148,7 @@ def trace_sparse(rec: Recorder, target: Target, tp: int) -> None:
     """TRITON_MLA_SPARSE (0011): the indexer op and the sparse MLA forward."""
     import torch
     from vllm.model_executor.layers import sparse_attn_indexer as sai
+    from vllm.v1.attention.backends.mla import sparse_utils as su
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -223,6 +224,13 @@ def trace_sparse(rec: Recorder, target: Target, tp: int) -> None:
                     )
                 finally:
                     sai.get_forward_context = saved
+                # on the device the indexer's top-k is vLLM's persistent_topk (its op is
+                # listed by libs.py) and 0011 then sorts each row into the selection
+                # (sparse_utils.indexer_topk); here, on CPU tensors, the indexer took the
+                # torch top-k, so the sort is launched as indexer_topk launches it
+                width = MAX_MODEL_LEN if capturing else int(common.max_seq_len)
+                scratch = torch.empty(n, INDEX_TOPK, dtype=torch.int32)
+                su.sort_topk_rows(scratch, topk_buffer[:n, :INDEX_TOPK], max(1, width))
                 topk_buffer[:n].random_(-1, min(common.max_seq_len, INDEX_TOPK))
                 meta = mla_builder.build(0, common)
                 q = torch.empty(n, heads, KV_LORA + ROPE, dtype=torch.bfloat16)
