@@ -41,13 +41,16 @@ def write_fp8_ds_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor
     tiles = kv_c.float().view(kv_c.shape[0], lora // TILE, TILE)
     scale = (tiles.abs().amax(-1) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
     q = (tiles / scale[..., None]).view(kv_c.shape[0], lora).to(torch.float8_e4m3fn)
-    for t, s in enumerate(slots.tolist()):
-        if s < 0:
-            continue
-        row = flat[s]
-        row[:lora] = q[t].view(torch.uint8)
-        row[lora : lora + 4 * (lora // TILE)] = scale[t].contiguous().view(torch.uint8)
-        row[lora + 4 * (lora // TILE) :] = k_pe[t].to(torch.bfloat16).contiguous().view(torch.uint8)
+    rows = torch.cat(
+        [
+            q.view(torch.uint8),
+            scale.contiguous().view(torch.uint8),
+            k_pe.to(torch.bfloat16).contiguous().view(torch.uint8),
+        ],
+        dim=1,
+    )
+    keep = slots >= 0
+    flat[slots[keep].long()] = rows[keep].to(flat.device)
 
 
 def read_fp8_ds_mla(cache: torch.Tensor, lora: int = LORA) -> torch.Tensor:
@@ -172,7 +175,50 @@ def main() -> None:
         result["plain_fp8_cache_refused"] = False
     except ValueError as exc:
         result["plain_fp8_cache_refused"] = "expected torch.bfloat16 or uint8" in str(exc)
+    if "--bench" in sys.argv and device.type == "cuda":
+        result["bench"] = bench(su, device)
     print(json.dumps(result))
+
+
+def bench(su, device: torch.device) -> list[dict[str, object]]:
+    """sparse_mla's time per call at GLM-5's per-rank dims (TP 8: 8 heads, index_topk
+    2048) over a 64k-token cache, bf16 against fp8_ds_mla rows: medians of 50 calls
+    (CUDA events), and the bytes of the selected rows each call reads."""
+    from vllm import _custom_ops as ops
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    ntok, topk = 65536, 2048
+    kv_c = torch.randn(ntok, LORA, device=device, generator=gen).to(torch.bfloat16)
+    k_pe = torch.randn(ntok, ROPE, device=device, generator=gen).to(torch.bfloat16)
+    slot_ids = torch.arange(ntok, device=device)
+    c16 = torch.cat([kv_c, k_pe], dim=1).view(ntok // PAGE, PAGE, LORA + ROPE)
+    c8 = torch.zeros(ntok // PAGE, PAGE, su.fp8_ds_mla_row_bytes(LORA, ROPE), dtype=torch.uint8, device=device)
+    ops.concat_and_cache_mla(kv_c, k_pe, c8, slot_ids, "fp8_ds_mla", torch.ones(1, device=device))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = []
+    for batch in (1, 16, 64):
+        q = (torch.randn(batch, HEADS, LORA + ROPE, device=device, generator=gen) * 0.1).to(torch.bfloat16)
+        slots = torch.randint(0, ntok, (batch, topk), device=device, generator=gen, dtype=torch.int32)
+        row: dict[str, object] = {"batch": batch, "heads": HEADS, "topk": topk}
+        for name, cache in (("bf16", c16), ("fp8", c8)):
+            for _ in range(5):
+                su.sparse_mla(q, cache, slots, 0.0625, LORA, sms)
+            times = []
+            for _ in range(50):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                su.sparse_mla(q, cache, slots, 0.0625, LORA, sms)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            med = sorted(times)[len(times) // 2]
+            nbytes = batch * topk * cache.shape[-1] * cache.element_size()
+            row[f"{name}_ms"] = round(med, 4)
+            row[f"{name}_row_bytes_read"] = nbytes
+            row[f"{name}_GBps"] = round(nbytes / med / 1e6, 1)
+        row["fp8_over_bf16_time"] = round(float(row["fp8_ms"]) / float(row["bf16_ms"]), 3)  # type: ignore[arg-type]
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 import overlay
 import pytest
 import torch
-from test_triton_sparse_mla import validate
+from test_triton_sparse_mla import _argcheck, _sparse_request, validate
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -116,3 +116,50 @@ def test_without_0013_the_backend_refuses_fp8(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "'fp8'" not in proc.stdout and "'bfloat16'" in proc.stdout
 
+
+
+def _argcheck_on(site: Path, request: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GLM5_ARGCHECK_PLATFORM": "cuda", "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONPATH": str(site)}
+    checker = HERE.parents[2] / "roles" / "vllm_service" / "files" / "vllm_argcheck.py"
+    return subprocess.run(
+        [sys.executable, str(checker), json.dumps(request)], env=env, capture_output=True, text=True, check=False,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3"])
+def test_sparse_service_takes_an_fp8_cache_with_0013(tmp_path: Path, dtype: str) -> None:
+    request = _sparse_request(tmp_path, vllm_service_kv_cache_dtype=dtype)
+    args = request["role_args"]
+    assert isinstance(args, list) and args[args.index("--kv-cache-dtype") + 1] == dtype
+    proc = _argcheck(request)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["kv_cache_dtype"] == dtype
+
+
+def test_the_default_renders_no_kv_cache_dtype(tmp_path: Path) -> None:
+    assert "--kv-cache-dtype" not in _sparse_request(tmp_path)["role_args"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e5m2", "fp8_ds_mla", "fp8_inc"])
+def test_sparse_service_refuses_other_quantized_caches(tmp_path: Path, dtype: str) -> None:
+    """Past the role's argument spec (which takes auto/bfloat16/float16/fp8/fp8_e4m3
+    only): the checker's own refusal, for a request with another cache dtype."""
+    request = _sparse_request(tmp_path)
+    request["role_args"] = [*request["role_args"], "--kv-cache-dtype", dtype]  # type: ignore[list-item]
+    proc = _argcheck(request)
+    assert proc.returncode == 2
+    assert f"--kv-cache-dtype {dtype}: TRITON_MLA_SPARSE takes auto, bfloat16, float16, fp8 or fp8_e4m3" in proc.stderr
+
+
+def test_sparse_service_refuses_fp8_with_mtp(tmp_path: Path) -> None:
+    proc = _argcheck(_sparse_request(tmp_path, vllm_service_kv_cache_dtype="fp8", vllm_service_mtp_tokens=2))
+    assert proc.returncode == 2
+    assert "--kv-cache-dtype fp8 with --speculative-config: the sparse fp8 cache is not checked" in proc.stderr
+
+
+def test_without_0013_the_service_refuses_fp8(tmp_path: Path) -> None:
+    site = overlay.make_overlay(tmp_path / "upto0012", [p for p in overlay.patches() if p.name < "0013"])
+    proc = _argcheck_on(site, _sparse_request(tmp_path, vllm_service_kv_cache_dtype="fp8"))
+    assert proc.returncode == 2
+    assert "keeps a bf16/fp16 MLA cache (the fp8 cache needs patch 0013 of the patch set)" in proc.stderr
