@@ -211,7 +211,8 @@ def test_sparse_context_bounded_by_an_fp8_kv_cache(run_local, model_files):
     # (40960 x 0.35 - 4096) MiB / (78 x (656 + 132)) bytes = 174,694 tokens -> 174,656
     # (bf16: 78 x (1,152 + 132) bytes, 107,211 tokens)
     text = _debug_messages(run)
-    assert "max_model_len 174656 (default)" in text and "61464 bytes per token per GPU (kv cache fp8: 656 latent" in text
+    assert "max_model_len 174656 (default)" in text
+    assert "61464 bytes per token per GPU (kv cache fp8: 656 latent" in text
 
 
 def test_sparse_fp8_cache_with_mtp_refused(run_local, model_files):

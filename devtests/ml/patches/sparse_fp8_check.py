@@ -140,7 +140,7 @@ def main() -> None:
     empty_ok = True
     for sms in (1, 64):
         out8, lse8 = su.sparse_mla(q_d, cache8, slots_d, scale, LORA, sms)
-        out16, lse16 = su.sparse_mla(q_d, cache16, slots_d, scale, LORA, sms)
+        out16, _ = su.sparse_mla(q_d, cache16, slots_d, scale, LORA, sms)
         out8, lse8, out16 = out8.float().cpu(), lse8.cpu(), out16.float().cpu()
         for t in range(ntok):
             sel = slots[t][slots[t] >= 0].long()

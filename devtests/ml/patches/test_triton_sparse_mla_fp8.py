@@ -19,7 +19,6 @@ from pathlib import Path
 
 import overlay
 import pytest
-import torch
 from test_triton_sparse_mla import _argcheck, _sparse_request, validate
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.registry import AttentionBackendEnum

@@ -79,6 +79,7 @@ def main() -> int:
         ]
     if gguf is not None:
         import torch
+
         from glm5_tools.diagnostics.dsa_reference import GlmDsaReference
         from glm5_tools.diagnostics.stage_sparse import llama_cpp_logits
 
