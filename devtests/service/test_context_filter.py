@@ -62,3 +62,27 @@ def test_gpu_memory_from_facts_or_csv_lines():
     assert ctx.gpu_memory_mib(["81559 MiB", "81559 MiB"]) == 81559
     assert ctx.gpu_memory_mib([]) == 0 and ctx.gpu_memory_mib(None) == 0
     assert ctx.gpu_memory_mib(["[N/A]"]) == 0
+
+
+def test_latent_row_follows_the_cache_dtype():
+    # bf16/fp16: (512 + 64) x 2; fp8 (patch 0013, vLLM's fp8_ds_mla): 512 e4m3 + 4 fp32
+    # scales + 64 bf16 rope
+    for dtype in ("auto", "bfloat16", "float16"):
+        assert ctx.latent_bytes_per_token(GLM5, dtype) == 1152
+    for dtype in ("fp8", "fp8_e4m3"):
+        assert ctx.latent_bytes_per_token(GLM5, dtype) == 656
+    assert ctx.kv_bytes_per_token(GLM5, "fp8") == 78 * (656 + 132)
+
+
+def test_an_fp8_cache_holds_more_tokens_in_the_same_budget():
+    bf16 = ctx.sparse_context(GLM5, 0, 20480, 1.0, 1, 4096)
+    fp8 = ctx.sparse_context(GLM5, 0, 20480, 1.0, 1, 4096, "fp8")
+    assert fp8["kv_tokens"] == 16384 * MIB // (78 * (656 + 132))
+    assert fp8["latent_bytes_per_token_layer"] == 656 and bf16["latent_bytes_per_token_layer"] == 1152
+    assert fp8["kv_tokens"] / bf16["kv_tokens"] == pytest.approx(1284 / 788, rel=1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e5m2", "fp8_ds_mla", "int8", ""])
+def test_a_cache_dtype_without_a_sparse_layout_is_refused_by_name(dtype):
+    with pytest.raises(ValueError, match=f"kv_cache_dtype '{dtype}'"):
+        ctx.sparse_context(GLM5, 0, 1000, 0.9, 1, 0, dtype)

@@ -193,3 +193,40 @@ def test_mtp_tokens_refused_by_argument_specs(run_local, model_files):
 def test_mtp_tokens_accepted(run_local, model_files):
     run = run_local("service_validate.yml", {**model_files, "vllm_service_mtp_tokens": 3})
     assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
+
+
+def test_sparse_context_bounded_by_an_fp8_kv_cache(run_local, model_files):
+    """The same 40 GiB GPUs with an fp8 latent cache (patch 0013, 656 instead of 1,152
+    bytes per token and layer): the bound grows by 1,284 / 788."""
+    gguf = model_files["vllm_service_gguf_path"]
+    run = run_local("service_validate.yml", {
+        **model_files,
+        "model_gguf_files": [gguf],
+        "nvidia_driver_gpus": [{"memory_total": "40960 MiB"}] * 8,
+        "vllm_service_gpu_memory_utilization": 0.35,
+        "vllm_service_kv_reserve_mib": 4096,
+        "vllm_service_kv_cache_dtype": "fp8",
+    })
+    assert run.rc == 0, [message(e) for e in run.task_events() if e["event"] == "runner_on_failed"]
+    # (40960 x 0.35 - 4096) MiB / (78 x (656 + 132)) bytes = 174,694 tokens -> 174,656
+    # (bf16: 78 x (1,152 + 132) bytes, 107,211 tokens)
+    text = _debug_messages(run)
+    assert "max_model_len 174656 (default)" in text
+    assert "61464 bytes per token per GPU (kv cache fp8: 656 latent" in text
+
+
+def test_sparse_fp8_cache_with_mtp_refused(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_kv_cache_dtype": "fp8_e4m3",
+                                             "vllm_service_mtp_tokens": 1})
+    _refused(run, REFUSE, "vllm_service_kv_cache_dtype = fp8_e4m3 is refused with vllm_service_mtp_tokens = 1")
+
+
+def test_kv_cache_dtype_without_a_layout_refused(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_kv_cache_dtype": "fp8_e5m2"})
+    _refused(run, REFUSE, "vllm_service_kv_cache_dtype")
+    assert "fp8_e5m2" in message(run.first_failure())
+
+
+def test_kv_cache_dtype_in_extra_args_refused(run_local, model_files):
+    run = run_local("service_validate.yml", {**model_files, "vllm_service_extra_args": ["--kv_cache_dtype=fp8"]})
+    _refused(run, REFUSE, "vllm_service_extra_args sets --kv-cache-dtype, which the role sets itself")

@@ -28,6 +28,7 @@ from glm5_tools.diagnostics.dsa_reference import (
     causal_mask,
     fp8_ue8m0,
     indexer_scores,
+    latent_cache_rounding,
     rope_pairs,
     select_topk,
     shift_selection,
@@ -95,6 +96,30 @@ def test_shift_moves_each_selection_one_back():
     assert shift_selection(chosen, vis).int().tolist() == [[1, 0, 0, 0], [1, 0, 0, 0],
                                                            [0, 1, 0, 0], [1, 0, 1, 0]]
 
+
+
+def test_latent_cache_rounding_as_the_caches_keep_it():
+    """bf16 and vLLM's fp8_ds_mla (patch 0013): one fp32 scale per 128 latent values (their
+    largest magnitude / 448), e4m3 values; the rope part bf16 in both."""
+    gen = torch.Generator().manual_seed(0)
+    c, k_pe = torch.randn(3, 512, generator=gen) * 3, torch.randn(3, 64, generator=gen)
+    c[1, 200] = 100.0  # one outlier: only its own tile's scale grows
+    c16, pe16 = latent_cache_rounding("bf16")(c, k_pe)
+    assert torch.equal(c16, c.to(torch.bfloat16).float()) and torch.equal(pe16, k_pe.to(torch.bfloat16).float())
+    c8, pe8 = latent_cache_rounding("fp8_ds_mla")(c, k_pe)
+    assert torch.equal(pe8, pe16)
+    tile_max = c16.reshape(3, 4, 128).abs().amax(-1, keepdim=True)
+    err = (c8 - c16).reshape(3, 4, 128).abs()
+    assert bool((err <= tile_max * 16 / 448 * 1.0001).all())  # half an e4m3 ulp of the top binade
+    assert bool((c8.reshape(3, 4, 128).abs().amax(-1, keepdim=True) == tile_max).all())  # the max is exact
+    # each tile has its own scale: the outlier changes its tile's values only
+    plain = c.clone()
+    plain[1, 200] = c[1, 201]
+    c8_plain, _ = latent_cache_rounding("fp8_ds_mla")(plain, k_pe)
+    changed = (c8_plain != c8).reshape(3, 4, 128).any(-1)
+    assert changed.tolist() == [[False] * 4, [False, True, False, False], [False] * 4]
+    with pytest.raises(ValueError, match="latent cache 'fp8_e5m2'"):
+        latent_cache_rounding("fp8_e5m2")
 
 def test_rope_pairs_rotates_adjacent_pairs_and_keeps_norms():
     x = torch.randn(5, 3, 8)

@@ -49,7 +49,8 @@ def test_triton_sparse_backend_takes_glm5_on_sm120_and_sm90() -> None:
     assert backend.get_name() == "TRITON_MLA_SPARSE" and backend.is_sparse()
     for cap in (DeviceCapability(12, 0), DeviceCapability(9, 0)):
         assert validate(backend, cap) == []
-    assert validate(backend, DeviceCapability(12, 0), "fp8") == ["kv_cache_dtype not supported"]
+    # fp8 / fp8_e4m3 since 0013 (test_triton_sparse_mla_fp8.py); other fp8 forms refused
+    assert validate(backend, DeviceCapability(12, 0), "fp8_e5m2") == ["kv_cache_dtype not supported"]
     assert "sparse not supported" in validate(TritonMLABackend, DeviceCapability(12, 0))
 
 
@@ -189,7 +190,8 @@ def test_service_default_is_sparse_and_parses_on_the_patched_tree(tmp_path: Path
     assert parsed["attention_backend"] == "TRITON_MLA_SPARSE" and parsed["max_model_len"] == 202752
 
 
-def test_sparse_service_refuses_an_fp8_kv_cache(tmp_path: Path) -> None:
+def test_sparse_service_refuses_a_kv_cache_dtype_in_extra_args(tmp_path: Path) -> None:
+    # the role sets it (vllm_service_kv_cache_dtype; fp8 since 0013: test_triton_sparse_mla_fp8.py)
     proc = _argcheck(_sparse_request(tmp_path, vllm_service_extra_args=["--kv-cache-dtype", "fp8"]))
     assert proc.returncode == 2
-    assert "--kv-cache-dtype fp8: TRITON_MLA_SPARSE keeps a bf16/fp16 MLA cache" in proc.stderr
+    assert "--kv-cache-dtype" in proc.stderr and "vllm_service_kv_cache_dtype" in proc.stderr

@@ -97,6 +97,19 @@ def test_mtp_tokens_render_a_speculative_config_vllm_parses(checker, tmp_path, c
     assert parsed["speculative_config"] == {"method": "mtp", "num_speculative_tokens": tokens}
 
 
+
+def test_dense_kv_cache_dtype_fp8_renders_and_parses(checker, tmp_path, capsys):
+    """vllm_service_kv_cache_dtype renders --kv-cache-dtype (not when auto); the dense
+    path takes vLLM's own fp8 cache. The sparse fp8 cache (patch 0013) is checked on the
+    patched tree (devtests/ml/patches/test_triton_sparse_mla_fp8.py)."""
+    assert "--kv-cache-dtype" not in _render_args(tmp_path)["role_args"]
+    request = _render_args(tmp_path, vllm_service_kv_cache_dtype="fp8")
+    args = request["role_args"]
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    rc, out, err = checker(request, capsys)
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["kv_cache_dtype"] == "fp8"
+
 def test_extra_args_cannot_repeat_the_roles_speculative_config(checker, tmp_path, capsys):
     request = _render_args(tmp_path, vllm_service_mtp_tokens=1,
                            vllm_service_extra_args=["--speculative-con", '{"method":"ngram"}'])

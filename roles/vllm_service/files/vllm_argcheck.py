@@ -109,6 +109,39 @@ def guard_errors(
     return errors
 
 
+SIXTEEN_BIT_CACHE = ("auto", "bfloat16", "float16")
+# patch 0013: vLLM's fp8_ds_mla layout read by the sparse kernel (656 bytes per token)
+FP8_SPARSE_CACHE = ("fp8", "fp8_e4m3")
+
+
+def sparse_fp8_cache_patched() -> bool:
+    """The installed vLLM's TRITON_MLA_SPARSE takes an fp8 cache (patch 0013 applied)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    backend = AttentionBackendEnum["TRITON_MLA_SPARSE"].get_class()
+    return "fp8" in getattr(backend, "supported_kv_cache_dtypes", ())
+
+
+def sparse_cache_errors(kv_cache_dtype: str, speculative: bool) -> list[str]:
+    """What TRITON_MLA_SPARSE refuses of --kv-cache-dtype, before vLLM would at start."""
+    accepted = "auto, bfloat16, float16, fp8 or fp8_e4m3 (fp8: patch 0013's fp8_ds_mla layout)"
+    if kv_cache_dtype in SIXTEEN_BIT_CACHE:
+        return []
+    if kv_cache_dtype not in FP8_SPARSE_CACHE:
+        return [f"--kv-cache-dtype {kv_cache_dtype}: TRITON_MLA_SPARSE takes {accepted}"]
+    if not sparse_fp8_cache_patched():
+        return [
+            f"--kv-cache-dtype {kv_cache_dtype}: this vLLM's TRITON_MLA_SPARSE keeps a bf16/fp16 MLA cache "
+            "(the fp8 cache needs patch 0013 of the patch set)"
+        ]
+    if speculative:
+        return [
+            f"--kv-cache-dtype {kv_cache_dtype} with --speculative-config: the sparse fp8 cache is not "
+            "checked with the MTP drafter; expected auto, bfloat16 or float16 with speculative decoding"
+        ]
+    return []
+
+
 def main() -> int:
     request: dict[str, Any] = json.loads(sys.argv[1])
     role_args = [str(a) for a in request["role_args"]]
@@ -146,13 +179,10 @@ def main() -> int:
     except Exception as exc:
         errors.append(f"--attention-backend {args.attention_backend!r}: {exc}".splitlines()[0])
     # patch 0011's limit, refused before vLLM would at start (after the weights load);
-    # speculative decoding is taken since patch 0012
+    # speculative decoding is taken since patch 0012, an fp8 cache since patch 0013
     sparse = request.get("sparse") and getattr(backend, "name", backend) == "TRITON_MLA_SPARSE"
-    if sparse and str(args.kv_cache_dtype) not in ("auto", "bfloat16", "float16"):
-        errors.append(
-            f"--kv-cache-dtype {args.kv_cache_dtype}: TRITON_MLA_SPARSE keeps a bf16/fp16 MLA cache "
-            "(an fp8 cache needs a quantized sparse MLA kernel; use dense attention for it)"
-        )
+    if sparse:
+        errors.extend(sparse_cache_errors(str(args.kv_cache_dtype), bool(getattr(args, "speculative_config", None))))
     result = {
         "model": args.model_tag,
         "attention_backend": getattr(backend, "name", backend),

@@ -9,10 +9,15 @@ bounded by what the KV cache of one GPU can hold:
   KV budget                = memory for vLLM - weights per GPU - reserve
                              (activations, CUDA graphs, the sampler: vLLM measures
                              them at start; the reserve is the role's estimate)
-  bytes per token          = layers x ((kv_lora_rank + qk_rope_head_dim) x dtype bytes
-                             + index_head_dim + 4)
+  bytes per token          = layers x (latent row + index_head_dim + 4)
                              (MLA's latent cache is not split by TP: every rank holds
                              all of it; plus the indexer's fp8 key and fp32 scale)
+  latent row               = (kv_lora_rank + qk_rope_head_dim) x 2 with a bf16/fp16
+                             cache (vllm_service_kv_cache_dtype auto, bfloat16,
+                             float16: 1,152 bytes for GLM-5); with fp8 / fp8_e4m3
+                             (patch 0013, vLLM's fp8_ds_mla layout) kv_lora_rank e4m3
+                             bytes + one fp32 scale per 128 of them + the rope part
+                             in bf16: 512 + 16 + 128 = 656 bytes
   KV tokens                = KV budget / bytes per token
   max_model_len            = min(max_position_embeddings, KV tokens), rounded down to
                              the 64-token cache block
@@ -28,6 +33,11 @@ from typing import Any
 
 BLOCK = 64
 MIB = 1024 * 1024
+# the latent cache layouts by --kv-cache-dtype: bytes per latent value (16-bit), or
+# vLLM's fp8_ds_mla (fp8 values, an fp32 scale per FP8_TILE of them, 16-bit rope)
+SIXTEEN_BIT = ("auto", "bfloat16", "float16")
+FP8_DS_MLA = ("fp8", "fp8_e4m3")
+FP8_TILE = 128
 
 
 def _int(config: dict[str, Any], key: str) -> int:
@@ -37,12 +47,28 @@ def _int(config: dict[str, Any], key: str) -> int:
     return value
 
 
-def kv_bytes_per_token(config: dict[str, Any], cache_dtype_bytes: int = 2) -> int:
+def latent_bytes_per_token(config: dict[str, Any], kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one token's MLA latent cache row in one layer for --kv-cache-dtype."""
+    lora = _int(config, "kv_lora_rank")
+    rope = _int(config, "qk_rope_head_dim")
+    if kv_cache_dtype in SIXTEEN_BIT:
+        return (lora + rope) * 2
+    if kv_cache_dtype in FP8_DS_MLA:
+        if lora % FP8_TILE:
+            raise ValueError(f"kv_lora_rank {lora} is not a multiple of the fp8 scale tile {FP8_TILE}")
+        return lora + 4 * (lora // FP8_TILE) + 2 * rope
+    raise ValueError(
+        f"kv_cache_dtype {kv_cache_dtype!r}: the sparse path's cache is one of "
+        + ", ".join(SIXTEEN_BIT + FP8_DS_MLA)
+    )
+
+
+def kv_bytes_per_token(config: dict[str, Any], kv_cache_dtype: str = "auto") -> int:
     """KV cache bytes per token on each GPU for GLM-5 with sparse attention."""
     layers = _int(config, "num_hidden_layers")
-    latent = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
+    latent = latent_bytes_per_token(config, kv_cache_dtype)
     indexer = _int(config, "index_head_dim") + 4 if "index_topk" in config else 0
-    return layers * (latent * cache_dtype_bytes + indexer)
+    return layers * (latent + indexer)
 
 
 def sparse_context(
@@ -52,13 +78,14 @@ def sparse_context(
     gpu_memory_utilization: float,
     tensor_parallel_size: int,
     reserve_mib: int,
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
     """The sparse path's max_model_len and how it was computed.
 
     gpu_memory_mib 0 means unknown (no GPU query on this host): the model's own limit
     is returned with kv_tokens None, and vLLM's start-up check is the bound."""
     limit = _int(config, "max_position_embeddings")
-    per_token = kv_bytes_per_token(config)
+    per_token = kv_bytes_per_token(config, kv_cache_dtype)
     if tensor_parallel_size <= 0:
         raise ValueError(f"tensor_parallel_size {tensor_parallel_size}")
     if not 0 < gpu_memory_utilization <= 1:
@@ -66,6 +93,8 @@ def sparse_context(
     result: dict[str, Any] = {
         "model_limit": limit,
         "bytes_per_token": per_token,
+        "kv_cache_dtype": kv_cache_dtype,
+        "latent_bytes_per_token_layer": latent_bytes_per_token(config, kv_cache_dtype),
         "weights_per_gpu_mib": gguf_bytes // tensor_parallel_size // MIB,
     }
     if gpu_memory_mib <= 0:

@@ -43,6 +43,7 @@ keeps f16 caches: the reason agreement is measured with top-1 and KL, not bitwis
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -220,6 +221,9 @@ class GlmDsaReference:
             hp = GlmDsaHParams(**{**hp.__dict__, "index_topk": int(index_topk)})
         self.hp = hp
         self._cache: dict[str, torch.Tensor] = {}
+        # What a serving stack's MLA cache keeps of each token's latent c and roped k_pe
+        # (e.g. bf16 or vLLM's fp8_ds_mla rounding, latent_cache_rounding); None = float32.
+        self.latent_cache: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def w(self, name: str) -> torch.Tensor:
         if name not in self._cache:
@@ -310,6 +314,8 @@ class GlmDsaReference:
         kv = x @ self.w(f"{p}.attn_kv_a_mqa.weight").T
         c = rms_norm(kv[:, : hp.kv_lora], self.w(f"{p}.attn_kv_a_norm.weight"), hp.rms_eps)
         k_pe = rope_pairs(kv[:, hp.kv_lora :], pos, hp.rope_base)
+        if self.latent_cache is not None:
+            c, k_pe = self.latent_cache(c, k_pe)
 
         k_b = self.w(f"{p}.attn_k_b.weight")  # [H, kv_lora, nope]
         v_b = self.w(f"{p}.attn_v_b.weight")  # [H, v_head, kv_lora]
@@ -430,6 +436,26 @@ class GlmDsaReference:
             hid = torch.cat([hid, steps[-1].out[-1:]], dim=0)
             steps.append(self.nextn(toks, hid, attention=attention, mask_first=mask_first))
         return steps
+
+
+def latent_cache_rounding(kind: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """GlmDsaReference.latent_cache for a cache kind: "bf16" (c and k_pe rounded to
+    bf16, vLLM's default MLA cache) or "fp8_ds_mla" (vLLM's fp8 layout, patch 0013 for
+    TRITON_MLA_SPARSE: c in bf16, then float8 e4m3 with one fp32 scale per 128 values =
+    their largest magnitude / 448; k_pe in bf16)."""
+    def bf16(c: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return c.to(torch.bfloat16).float(), k_pe.to(torch.bfloat16).float()
+
+    def fp8_ds_mla(c: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = c.to(torch.bfloat16).float().reshape(c.shape[0], -1, 128)
+        scale = (t.abs().amax(-1, keepdim=True) / 448.0).clamp(min=torch.finfo(torch.float32).tiny)
+        q = (t / scale).to(torch.float8_e4m3fn).float() * scale
+        return q.reshape(c.shape), k_pe.to(torch.bfloat16).float()
+
+    kinds = {"bf16": bf16, "fp8_ds_mla": fp8_ds_mla}
+    if kind not in kinds:
+        raise ValueError(f"latent cache {kind!r}: expected one of {', '.join(kinds)}")
+    return kinds[kind]
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
