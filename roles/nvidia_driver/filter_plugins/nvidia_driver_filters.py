@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Mapping
 from typing import Any
 
 # Values nvidia-smi prints where a field has no value on this GPU.
@@ -151,8 +152,12 @@ def kernel_flavour(release: str) -> str:
     return match.group(1)
 
 
-def _installed(dpkg_status: str) -> list[str]:
-    """Names of the packages `dpkg-query -W -f='${Package} ${db:Status-Status}\\n'` shows installed."""
+def _installed(dpkg_status: str | Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Names of the packages `dpkg-query -W -f='${Package} ${db:Status-Status}\\n'` shows installed,
+    or, given role glm5's package state (fact glm5_dpkg, filter dpkg_state), those it lists
+    with status installed."""
+    if isinstance(dpkg_status, Mapping):
+        return [name for name, entry in dpkg_status.items() if entry.get("status") == "installed"]
     names: list[str] = []
     for line in dpkg_status.splitlines():
         parts = line.split()
@@ -172,7 +177,9 @@ def precompiled_missing_kernels(dpkg_status: str, kernels: list[str], branch: st
     return [k for k in kernels if f"linux-modules-nvidia-{branch}-open-{k}" not in installed]
 
 
-def driver_hold_list(dpkg_status: str, patterns: list[str], extra: list[str]) -> list[str]:
+def driver_hold_list(
+    dpkg_status: str | Mapping[str, Mapping[str, str]], patterns: list[str], extra: list[str]
+) -> list[str]:
     """The installed packages to hold: those matching one of `patterns` (regular
     expressions) and those named in `extra` (e.g. the kernel meta packages), sorted."""
     regex = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None

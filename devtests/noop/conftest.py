@@ -1,0 +1,41 @@
+"""Load role glm5's package and tree plugins (filters, module glm5_tree_state) as modules."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def pkgs() -> ModuleType:
+    return _load("glm5_packages", ROOT / "roles/glm5/filter_plugins/glm5_packages.py")
+
+
+@pytest.fixture(scope="session")
+def tree() -> ModuleType:
+    return _load("glm5_tree", ROOT / "roles/glm5/filter_plugins/glm5_tree.py")
+
+
+@pytest.fixture(scope="session")
+def tree_state() -> ModuleType:
+    return _load("glm5_tree_state", ROOT / "roles/glm5/library/glm5_tree_state.py")
+
+
+@pytest.fixture(scope="session")
+def drv() -> ModuleType:
+    return _load("nvidia_driver_filters", ROOT / "roles/nvidia_driver/filter_plugins/nvidia_driver_filters.py")
