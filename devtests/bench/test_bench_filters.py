@@ -3,14 +3,9 @@ the generator's progress bar."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from load_file import load_file
 
-PATH = Path(__file__).resolve().parents[2] / "roles" / "bench" / "filter_plugins" / "bench_filters.py"
-spec = importlib.util.spec_from_file_location("bench_filters", PATH)
-assert spec and spec.loader
-filters = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(filters)
+filters = load_file("roles/bench/filter_plugins/bench_filters.py")
 
 
 def test_loopback():

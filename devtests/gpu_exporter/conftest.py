@@ -4,12 +4,12 @@ the GPU validation machine."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTER = ROOT / "roles" / "gpu_exporter" / "files" / "glm5_gpu_exporter.py"
@@ -21,12 +21,7 @@ RECORDING = ROOT / "molecule" / "fixtures" / "fake_nvidia_smi" / "recorded" / "h
 
 
 def load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path, name)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ passes, a stale one (a patched file changed after the manifest) fails."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from load_file import load_file
 from sitecopy import INSTALLED, MODULE, PATCH_DIR, ROOT, make_site
 
 testinfra = pytest.importorskip("testinfra")
@@ -19,11 +19,7 @@ pytestmark = pytest.mark.skipif(INSTALLED is None, reason="needs .venv-ml (pinne
 
 
 def load_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("post_deploy_patches", ROOT / "tests/test_patches.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "tests/test_patches.py", "post_deploy_patches")
 
 
 def test_fresh_passes_stale_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

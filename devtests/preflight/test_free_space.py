@@ -1,16 +1,12 @@
 """Unit tests of the preflight role's free-space module."""
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
+from load_file import load_file
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("free_space", ROOT / "roles/preflight/library/free_space.py")
-assert spec and spec.loader
-mod = importlib.util.module_from_spec(spec)
-sys.modules["free_space"] = mod
-spec.loader.exec_module(mod)
+mod = load_file(ROOT / "roles/preflight/library/free_space.py")
 
 
 def test_nearest_existing_walks_up(tmp_path):

@@ -1,17 +1,11 @@
 """Unit tests of the preflight role's sysfs GPU scan."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
+from load_file import load_file
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    "nvidia_pci_gpus", ROOT / "roles/preflight/library/nvidia_pci_gpus.py"
-)
-assert spec and spec.loader
-mod = importlib.util.module_from_spec(spec)
-sys.modules["nvidia_pci_gpus"] = mod
-spec.loader.exec_module(mod)
+mod = load_file(ROOT / "roles/preflight/library/nvidia_pci_gpus.py")
 
 
 def _dev(root: Path, addr: str, vendor: str, device: str, cls: str, numa: str = "0") -> None:

@@ -1,21 +1,16 @@
 """Unit tests of the gpu_tuning helpers: the ACS walk and the power settings."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from load_file import load_file
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "gpu_tuning" / "files"
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, FILES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(FILES / f"{name}.py")
 
 
 acs = _load("glm5_acs_disable")

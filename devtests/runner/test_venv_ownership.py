@@ -9,7 +9,6 @@ service account owns, a vLLM file group-writable by its group, a whole venv hand
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import ansible_runner
 import pytest
 import testinfra
+from load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = "/opt/ml-envs/ml-env-0123456789ab"
@@ -33,11 +33,7 @@ LAYOUT = (
 
 
 def _check_module():
-    spec = importlib.util.spec_from_file_location("glm5_test_python_env", ROOT / "tests/test_python_env.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "tests/test_python_env.py", "glm5_test_python_env")
 
 
 @pytest.fixture

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import socket
 from pathlib import Path
 
 import pytest
+from load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(path: str):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(ROOT / path)
 
 
 verify_mod = _load("roles/model/library/glm5_model_verify.py")

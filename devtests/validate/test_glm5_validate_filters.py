@@ -3,25 +3,18 @@ one port rule every check of the validation phase uses, and the refusal lines.""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def v() -> ModuleType:
-    path = ROOT / "roles/glm5/filter_plugins/glm5_validate.py"
-    spec = importlib.util.spec_from_file_location("glm5_validate", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["glm5_validate"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "roles/glm5/filter_plugins/glm5_validate.py")
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ model fetches; and a runner of the role's real roles/model/files/hf_fetch.py wit
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[3]
 HF_FETCH = ROOT / "roles" / "model" / "files" / "hf_fetch.py"
@@ -39,13 +39,7 @@ pytestmark = pytest.mark.slow
 
 
 def _load_fake_hub() -> ModuleType:
-    path = ROOT / "molecule" / "fixtures" / "fake_hf_hub" / "fake_hf_hub.py"
-    spec = importlib.util.spec_from_file_location("fake_hf_hub", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fake_hf_hub"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "molecule" / "fixtures" / "fake_hf_hub" / "fake_hf_hub.py")
 
 
 fake_hf_hub = _load_fake_hub()
