@@ -21,7 +21,9 @@ Also: the top-k kernels against the float32 top-k (exact sets), their tie
 behaviour, rows shorter than k, and the per-step token metadata's time; the
 score kernel's settings swept (SWEEP, at 8 heads: the indexer does not depend
 on them), each variant's scores against a float32 reference of the same math.
-usage: bench.py NEW_SPARSE_UTILS OLD_SPARSE_UTILS OUT_DIR [quick]
+usage: bench.py NEW_SPARSE_UTILS OLD_SPARSE_UTILS OUT_DIR [quick|goals]
+(goals: 8 heads only, the shapes of the issue's goals first, no dense (c), no
+top-k kernel checks: for a short device call)
 """
 
 from __future__ import annotations
@@ -193,7 +195,9 @@ def topk_checks(new: types.ModuleType, dev: torch.device) -> dict[str, object]:
 
 def main() -> None:
     new_path, old_path, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    quick = len(sys.argv) > 4 and sys.argv[4] == "quick"
+    mode = sys.argv[4] if len(sys.argv) > 4 else "full"
+    quick = mode == "quick"
+    goals = mode == "goals"
     c_error = None
     try:
         import vllm._C  # noqa: F401  (registers torch.ops._C: persistent_topk, top_k_per_row_decode)
@@ -240,8 +244,10 @@ def main() -> None:
 
     # memory bandwidth this GPU reaches reading (a 4 GiB sum), for the byte counts
     res["read_bandwidth_GBps_measured"] = read_bandwidth(dev)
-    res["topk_checks"] = topk_checks(new, dev)
-    print(json.dumps(res["topk_checks"]), flush=True)
+    if not goals:
+        res["topk_checks"] = topk_checks(new, dev)
+        print(json.dumps(res["topk_checks"]), flush=True)
+    res["mode"] = mode
     save()
 
     res["a_defaults"] = a_defaults(new, dev)
@@ -253,21 +259,24 @@ def main() -> None:
         "sms": sms,
         "res": res,
         "save": save,
-        "dense": decode_attention_fwd,
+        "dense": None if goals else decode_attention_fwd,
+        "heads": (8,) if goals else (8, 16),
         "dg": dg,
         "flashmla": (flash_mla_with_kvcache, get_mla_metadata) if have_flashmla else None,
     }
     ctxs = (4096, 65536) if quick else (4096, 16384, 65536, 131072)
     batches = (1, 16) if quick else (1, 16, 64)
-    for ctx in ctxs:
-        for batch in batches:
-            try:
-                shape_runs(env, ctx, batch)
-            except Exception as e:
-                traceback.print_exc()
-                res.setdefault("errors", []).append(f"ctx {ctx} batch {batch}: {e!r}"[:800])
-                save()
-            torch.cuda.empty_cache()
+    shapes = [(c, b) for c in ctxs for b in batches]
+    if goals:  # the goals' shapes (batch >= 16 from 64k) first
+        shapes.sort(key=lambda cb: (not (cb[0] >= 65536 and cb[1] >= 16), cb))
+    for ctx, batch in shapes:
+        try:
+            shape_runs(env, ctx, batch)
+        except Exception as e:
+            traceback.print_exc()
+            res.setdefault("errors", []).append(f"ctx {ctx} batch {batch}: {e!r}"[:800])
+            save()
+        torch.cuda.empty_cache()
     save()
 
 
@@ -291,7 +300,7 @@ def shape_runs(env: dict, ctx: int, batch: int) -> None:
     d["sel_old"] = torch.empty_like(d["sel"])
     d["logits"] = torch.empty(batch, MML, dtype=torch.float32, device=dev)
     d["logits_old"] = torch.empty_like(d["logits"])
-    for heads in (8, 16):
+    for heads in env["heads"]:
         res["runs"].append(heads_run(env, ctx, batch, heads, d, (req, ctxl, ws, seq_lens, seq_lens2d, t_meta)))
         save()
 
@@ -405,7 +414,9 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
         )
         return o_dense
 
-    if mla.numel() < 2**31:
+    if decode_attention_fwd is None:
+        run["c_skipped"] = "goals mode"
+    elif mla.numel() < 2**31:
         parts["c_total"] = graph_time(c_all)
     else:  # its offsets overflow int32 there (an illegal address on the H100 run)
         run["c_skipped"] = "cache of >= 2**31 elements: vLLM's dense decode kernel faults"
