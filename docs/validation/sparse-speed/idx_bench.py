@@ -2,10 +2,11 @@
 
 usage: idx_bench.py NEW_SPARSE_UTILS OLD_SPARSE_UTILS OUT_DIR
 (vLLM 0.20.2's package importable: vllm.triton_utils for the kernel files, its
-vendored DeepGEMM for (d)). The goals' shapes first; results.json is written
-after each shape, DeepGEMM's paged indexer (d) last (it compiles at its first
-call). Scores: each kernel's against a float32 reference of the same math on
-the first 4,096 positions, and the new kernel's against the old one's.
+vendored DeepGEMM for (d)). The goals' shapes first; at each shape, on the same
+data: old, new, DeepGEMM's paged indexer (d), then the variants (ORDER);
+results.json is written after every kernel (a call cut short keeps what ran).
+Scores: each kernel's against a float32 reference of the same math on the
+first 4,096 positions, and the new kernel's against the old one's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import traceback
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -59,26 +59,41 @@ ORDER = [
 
 
 def triton_shape(
-    new: types.ModuleType, old: types.ModuleType, ctx: int, batch: int, dev: torch.device, run: dict, save: Callable
+    new: types.ModuleType,
+    old: types.ModuleType,
+    dg: types.ModuleType | None,
+    shape: tuple[int, int],
+    dev: torch.device,
+    run: dict,
+    save: Callable[[], None],
 ) -> None:
+    """old, new, DeepGEMM (d), then the variants (ORDER) at one shape, on the same data."""
+    ctx, batch = shape
     d = build_idx(batch, ctx, dev)
     req = torch.arange(batch, dtype=torch.int32, device=dev)
     ctxl = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
     ref = ref_scores(d["qq"], d["w"], d["idx"], d["bt"], min(ctx, 4096))
     lo, ln = (torch.empty(batch, MML, device=dev) for _ in range(2))
     args = (d["qq"], d["w"], d["idx"], d["bt"], req, ctxl, MML)
-    fns = {
+    fns: dict[str, Callable[[], torch.Tensor]] = {
         "old": lambda: old.indexer_logits(*args, out=lo, tail=False),
         "new": lambda: new.indexer_logits(*args, out=ln, tail=False),
     }
+    if dg is not None:  # as vLLM's FLASHMLA_SPARSE path calls it
+        lens = ctxl.view(batch, 1)
+        sched = dg.get_paged_mqa_logits_metadata(
+            lens, PAGE, torch.cuda.get_device_properties(dev).multi_processor_count
+        )
+        kv4, q4 = d["idx"].unsqueeze(-2), d["qq"].view(batch, 1, IDX_HEADS, IDX_DIM)
+        fns["deepgemm"] = lambda: dg.fp8_fp4_paged_mqa_logits((q4, None), kv4, d["w"], lens, d["bt"], sched, MML, False)
     sweep = dict(SWEEP)
     for name in ORDER:
         fns[name] = lambda kw=sweep[name]: new.indexer_logits(*args, out=ln, tail=False, **kw)
     for name, fn in fns.items():
         try:
-            fn()
+            got = fn()
             torch.cuda.synchronize()
-            run["rel"][name] = rel_err(lo if name == "old" else ln, ref)
+            run["rel"][name] = rel_err(got, ref)
             if name == "new":
                 run["new_vs_old_rel"] = rel_err(ln[:, :ctx], lo[:, :ctx])
             run["ms"][name] = graph_time(fn, 10.0)
@@ -106,40 +121,17 @@ def main() -> None:
         (out_dir / "results.json").write_text(json.dumps(res, indent=1) + "\n")
 
     save()
+    dg = None
+    try:
+        import vllm.third_party.deep_gemm as dg
+    except Exception as e:
+        res["deepgemm_error"] = repr(e)[:800]
     for ctx, batch in SHAPES:
         run: dict = {"ctx": ctx, "batch": batch, "bytes": batch * ctx * (IDX_DIM + 4), "ms": {}, "rel": {}}
         res["runs"].append(run)
-        triton_shape(new, old, ctx, batch, dev, run, save)
+        triton_shape(new, old, dg, (ctx, batch), dev, run, save)
         print(json.dumps(run), flush=True)
-        save()
         torch.cuda.empty_cache()
-    try:  # (d): DeepGEMM's paged indexer as vLLM's FLASHMLA_SPARSE path calls it
-        import vllm.third_party.deep_gemm as dg
-
-        for run in res["runs"]:
-            ctx, batch = run["ctx"], run["batch"]
-            d = build_idx(batch, ctx, dev)
-            lens = torch.full((batch, 1), ctx, dtype=torch.int32, device=dev)
-            sched = dg.get_paged_mqa_logits_metadata(lens, PAGE, sms)
-            kv4 = d["idx"].unsqueeze(-2)
-            q4 = d["qq"].view(batch, 1, IDX_HEADS, IDX_DIM)
-
-            w, bt = d["w"], d["bt"]
-            fn = lambda q4=q4, kv4=kv4, w=w, lens=lens, bt=bt, sched=sched: dg.fp8_fp4_paged_mqa_logits(  # noqa: E731
-                (q4, None), kv4, w, lens, bt, sched, MML, False
-            )
-            lg = fn()
-            torch.cuda.synchronize()
-            run["rel"]["deepgemm"] = rel_err(lg, ref_scores(d["qq"], w, d["idx"], bt, min(ctx, 4096)))
-            run["ms"]["deepgemm"] = graph_time(fn, 10.0)
-            print(json.dumps({"ctx": ctx, "batch": batch, "deepgemm": run["ms"]["deepgemm"]}), flush=True)
-            save()
-            del d, lg
-            torch.cuda.empty_cache()
-    except Exception as e:
-        traceback.print_exc()
-        res["deepgemm_error"] = repr(e)[:800]
-        save()
 
 
 if __name__ == "__main__":
