@@ -1,6 +1,6 @@
 """Markdown tables from bench.py's results.json (medians in ms, ratios side by side).
 
-usage: python summarize.py results.json
+usage: python summarize.py results.json  (bench.py's or idx_bench.py's)
 """
 
 from __future__ import annotations
@@ -14,8 +14,45 @@ def fmt(x: float | None, nd: int = 3) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def idx_tables(res: dict) -> None:
+    """idx_bench.py's results: the score kernel alone, old / new / DeepGEMM, then the variants."""
+    bw = res["read_bandwidth_GBps_measured"]
+    print(f"{res['device']} (SM {res['capability'][0]}.{res['capability'][1]}), read bandwidth measured {bw:.0f} GB/s")
+    print()
+    print("| ctx | batch | MB | old ms | new ms | DeepGEMM ms | old/new | new/DeepGEMM | new GB/s (% of measured) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in res["runs"]:
+        m = r["ms"]
+        o, n, d = m.get("old"), m.get("new"), m.get("deepgemm")
+        g = r["bytes"] / n / 1e6 if n else None
+        print(
+            f"| {r['ctx'] // 1024}k | {r['batch']} | {r['bytes'] / 1e6:.1f} | {fmt(o)} | **{fmt(n)}** | {fmt(d)} "
+            f"| {fmt(o / n if o and n else None, 2)} | {fmt(n / d if n and d else None, 2)} "
+            f"| {fmt(g, 0)} ({fmt(100 * g / bw if g else None, 0)} %) |"
+        )
+    names = list(dict.fromkeys(k for r in res["runs"] for k in r["ms"] if k not in ("old", "new", "deepgemm")))
+    if names:
+        print()
+        print("| ctx | batch | new | " + " | ".join(names) + " |")
+        print("|---|---|---|" + "---|" * len(names))
+        for r in res["runs"]:
+            m = r["ms"]
+            print(
+                f"| {r['ctx'] // 1024}k | {r['batch']} | {fmt(m.get('new'))} | "
+                + " | ".join(fmt(m.get(k)) for k in names)
+                + " |"
+            )
+    errs = {f"{r['ctx'] // 1024}k/{r['batch']}": r["errors"] for r in res["runs"] if r.get("errors")}
+    if errs:
+        print()
+        print("errors:", json.dumps(errs))
+
+
 def main() -> None:
     res = json.loads(Path(sys.argv[1]).read_text())
+    if res["runs"] and "old" in res["runs"][0]["ms"]:
+        idx_tables(res)
+        return
     bw = res["read_bandwidth_GBps_measured"]
     print(f"{res['device']} (SM {res['capability'][0]}.{res['capability'][1]}), read bandwidth measured {bw:.0f} GB/s")
     print()
