@@ -4,10 +4,12 @@ Run on the GPU validation machine by run.sh, with vLLM 0.20.2 importable (its
 wheel's files: vllm._C for the top-k kernels, _flashmla_C for FLASHMLA_SPARSE)
 and two copies of patch 0011's kernel file:
 
-  (a) new: sparse_utils.py of this branch's patch 0011 (vLLM's persistent_topk,
-      no -inf tail, per-token metadata built once per step);
-  (b) old: sparse_utils.py of 0011 as on main (torch.topk, -inf tail, the
-      per-layer arange and seq_lens cast of the indexer op);
+  (a) new: sparse_utils.py of this branch's patch 0011 (run 4: the looping
+      score kernel; vLLM's persistent_topk + the row sort, no -inf tail,
+      per-token metadata built once per step);
+  (b) old: sparse_utils.py of the 0011 it replaces, called the same way
+      (run 4: 0011 as on main, one program per 128-column tile; runs 1-3:
+      torch.topk, -inf tail, the per-layer arange and seq_lens cast);
   (c) dense TRITON_MLA: vLLM's decode_attention_fwd over the whole context;
   (d) vLLM's FLASHMLA_SPARSE decode: its fp8 MLA cache (656 B/token), heads
       padded to 64, indexer scores by DeepGEMM where it runs here.
@@ -16,8 +18,12 @@ Every step is captured in a CUDA graph and replayed (medians of 5 x reps
 replays); the score width is max_model_len, as under the unit's FULL decode
 graphs. Parts: indexer scores / top-k / MLA (slot lookup + attention).
 Also: the top-k kernels against the float32 top-k (exact sets), their tie
-behaviour, rows shorter than k, and the per-step token metadata's time.
-usage: bench.py NEW_SPARSE_UTILS OLD_SPARSE_UTILS OUT_DIR [quick]
+behaviour, rows shorter than k, and the per-step token metadata's time; the
+score kernel's settings swept (SWEEP, at 8 heads: the indexer does not depend
+on them), each variant's scores against a float32 reference of the same math.
+usage: bench.py NEW_SPARSE_UTILS OLD_SPARSE_UTILS OUT_DIR [quick|goals]
+(goals: 8 heads only, the shapes of the issue's goals first, no dense (c), no
+top-k kernel checks: for a short device call)
 """
 
 from __future__ import annotations
@@ -189,7 +195,9 @@ def topk_checks(new: types.ModuleType, dev: torch.device) -> dict[str, object]:
 
 def main() -> None:
     new_path, old_path, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    quick = len(sys.argv) > 4 and sys.argv[4] == "quick"
+    mode = sys.argv[4] if len(sys.argv) > 4 else "full"
+    quick = mode == "quick"
+    goals = mode == "goals"
     c_error = None
     try:
         import vllm._C  # noqa: F401  (registers torch.ops._C: persistent_topk, top_k_per_row_decode)
@@ -236,10 +244,14 @@ def main() -> None:
 
     # memory bandwidth this GPU reaches reading (a 4 GiB sum), for the byte counts
     res["read_bandwidth_GBps_measured"] = read_bandwidth(dev)
-    res["topk_checks"] = topk_checks(new, dev)
-    print(json.dumps(res["topk_checks"]), flush=True)
+    if not goals:
+        res["topk_checks"] = topk_checks(new, dev)
+        print(json.dumps(res["topk_checks"]), flush=True)
+    res["mode"] = mode
     save()
 
+    res["a_defaults"] = a_defaults(new, dev)
+    print(json.dumps(res["a_defaults"]), flush=True)
     env = {
         "new": new,
         "old": old,
@@ -247,21 +259,24 @@ def main() -> None:
         "sms": sms,
         "res": res,
         "save": save,
-        "dense": decode_attention_fwd,
+        "dense": None if goals else decode_attention_fwd,
+        "heads": (8,) if goals else (8, 16),
         "dg": dg,
         "flashmla": (flash_mla_with_kvcache, get_mla_metadata) if have_flashmla else None,
     }
     ctxs = (4096, 65536) if quick else (4096, 16384, 65536, 131072)
     batches = (1, 16) if quick else (1, 16, 64)
-    for ctx in ctxs:
-        for batch in batches:
-            try:
-                shape_runs(env, ctx, batch)
-            except Exception as e:
-                traceback.print_exc()
-                res.setdefault("errors", []).append(f"ctx {ctx} batch {batch}: {e!r}"[:800])
-                save()
-            torch.cuda.empty_cache()
+    shapes = [(c, b) for c in ctxs for b in batches]
+    if goals:  # the goals' shapes (batch >= 16 from 64k) first
+        shapes.sort(key=lambda cb: (not (cb[0] >= 65536 and cb[1] >= 16), cb))
+    for ctx, batch in shapes:
+        try:
+            shape_runs(env, ctx, batch)
+        except Exception as e:
+            traceback.print_exc()
+            res.setdefault("errors", []).append(f"ctx {ctx} batch {batch}: {e!r}"[:800])
+            save()
+        torch.cuda.empty_cache()
     save()
 
 
@@ -285,7 +300,7 @@ def shape_runs(env: dict, ctx: int, batch: int) -> None:
     d["sel_old"] = torch.empty_like(d["sel"])
     d["logits"] = torch.empty(batch, MML, dtype=torch.float32, device=dev)
     d["logits_old"] = torch.empty_like(d["logits"])
-    for heads in (8, 16):
+    for heads in env["heads"]:
         res["runs"].append(heads_run(env, ctx, batch, heads, d, (req, ctxl, ws, seq_lens, seq_lens2d, t_meta)))
         save()
 
@@ -320,15 +335,13 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
         a_topk()
         return a_mla()
 
-    # (b) old: the op's per-layer metadata, -inf tail, torch.topk
+    # (b) old: the 0011 this run replaces, called as (a) is
     def b_idx() -> torch.Tensor:
-        row = torch.arange(batch, dtype=torch.int32, device=dev).div_(1, rounding_mode="floor")
-        c = seq_lens2d.reshape(-1).to(torch.int32)
-        return old.indexer_logits(qq, w, idx, bt, row, c, MML, out=logits_old)
+        return old.indexer_logits(qq, w, idx, bt, req, ctxl, MML, out=logits_old, tail=False)
 
     def b_topk() -> torch.Tensor:
         sel_old.fill_(-1)
-        return old.indexer_topk(logits_old, TOPK, sel_old)
+        return old.indexer_topk(logits_old, TOPK, sel_old, ctxl, ws)
 
     def b_mla() -> torch.Tensor:
         return old.sparse_mla(q, mla, conv(old, sel_old), SCALE, KV_LORA, sms)[0]
@@ -344,6 +357,11 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
     run["topk_exact_rows_new"] = exact_topk_agreement(logits, ctxl, sel)
     run["topk_exact_rows_old"] = exact_topk_agreement(logits_old, ctxl, sel_old)
     run["new_vs_old_out_rel_diff"] = float((o_a.float() - o_b.float()).abs().max() / o_b.float().abs().max())
+    run["new_sel_equals_old_sel"] = bool(torch.equal(sel, sel_old))
+    ref = ref_scores(qq, w, idx, bt, min(ctx, 4096))
+    run["scores_rel_err_vs_f32_first4k_new"] = rel_err(logits, ref)
+    run["scores_rel_err_vs_f32_first4k_old"] = rel_err(logits_old, ref)
+    run["scores_new_vs_old_rel"] = rel_err(logits[:, :ctx], logits_old[:, :ctx])
     parts = {}
     for name, fn in (
         ("a_indexer", a_idx),
@@ -356,13 +374,19 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
         ("b_total", b_all),
     ):
         parts[name] = graph_time(fn)
-    # the scores kernel's tile (score columns per program) and warps
-    for bn, nw in ((64, 4), (256, 4), (256, 8)):
-        parts[f"a_indexer_bn{bn}_w{nw}"] = graph_time(
-            lambda bn=bn, nw=nw: new.indexer_logits(
-                qq, w, idx, bt, req, ctxl, MML, out=logits, tail=False, block_n=bn, num_warps=nw
-            )
-        )
+    # the score kernel's settings (SWEEP), at 8 heads only (the indexer has none)
+    if heads == 8:
+        scratch = torch.empty_like(logits)
+        errs = run.setdefault("sweep_rel_err_vs_f32_first4k", {})
+        for name, kw in SWEEP:
+            fn = lambda kw=kw: new.indexer_logits(qq, w, idx, bt, req, ctxl, MML, out=scratch, tail=False, **kw)  # noqa: E731
+            try:
+                fn()
+                torch.cuda.synchronize()
+                errs[name] = rel_err(scratch, ref)
+                parts[f"a_indexer_{name}"] = graph_time(fn)
+            except Exception as e:
+                run.setdefault("sweep_errors", {})[name] = repr(e)[:300]
     # (c) dense TRITON_MLA (vLLM's kernel, the split count of the earlier run)
     splits = min(triton_next_pow2(max(1, ctx // 512)), 2 * sms)
     o_dense = torch.empty(batch, heads, KV_LORA, dtype=torch.bfloat16, device=dev)
@@ -390,7 +414,9 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
         )
         return o_dense
 
-    if mla.numel() < 2**31:
+    if decode_attention_fwd is None:
+        run["c_skipped"] = "goals mode"
+    elif mla.numel() < 2**31:
         parts["c_total"] = graph_time(c_all)
     else:  # its offsets overflow int32 there (an illegal address on the H100 run)
         run["c_skipped"] = "cache of >= 2**31 elements: vLLM's dense decode kernel faults"
@@ -461,6 +487,63 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
     run["a_GBps"] = run["bytes_must_read_a"] / parts["a_total"] / 1e6
     print(json.dumps(run), flush=True)
     return run
+
+
+# the score kernel's variants bench.py times beside (a)'s defaults (run 4)
+SWEEP: list[tuple[str, dict[str, object]]] = [
+    ("heads_m_bf16_s3", {"rows_m": False, "dot_dtype": "bf16", "num_stages": 3}),
+    ("rows_m_bf16_s1", {"rows_m": True, "dot_dtype": "bf16", "num_stages": 1}),
+    ("rows_m_bf16_s2", {"rows_m": True, "dot_dtype": "bf16", "num_stages": 2}),
+    ("rows_m_bf16_s4", {"rows_m": True, "dot_dtype": "bf16", "num_stages": 4}),
+    ("rows_m_fp16_s3", {"rows_m": True, "dot_dtype": "fp16", "num_stages": 3}),
+    ("rows_m_fp8_s3", {"rows_m": True, "dot_dtype": "fp8", "num_stages": 3}),
+    ("heads_m_fp8_s3", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3}),
+    ("rows_m_bf16_s3_pps2", {"rows_m": True, "num_stages": 3, "programs_per_sm": 2}),
+    ("rows_m_bf16_s3_pps8", {"rows_m": True, "num_stages": 3, "programs_per_sm": 8}),
+    ("rows_m_bf16_s3_pps16", {"rows_m": True, "num_stages": 3, "programs_per_sm": 16}),
+    ("rows_m_bf16_s3_bn64", {"rows_m": True, "num_stages": 3, "block_n": 64}),
+    ("rows_m_bf16_s3_w8", {"rows_m": True, "num_stages": 3, "num_warps": 8}),
+    ("rows_m_bf16_s3_bn256_w8", {"rows_m": True, "num_stages": 3, "block_n": 256, "num_warps": 8}),
+]
+
+
+def a_defaults(new: types.ModuleType, dev: torch.device) -> dict[str, object]:
+    """(a)'s default settings; if they fail here, the first of two fallbacks that runs."""
+    d = build(2, 1000, dev)
+    req = torch.arange(2, dtype=torch.int32, device=dev)
+    ctxl = torch.full((2,), 1000, dtype=torch.int32, device=dev)
+    ref = ref_scores(d["qq"], d["w"], d["idx"], d["bt"], 1000)
+    names = ("INDEXER_ROWS_M", "INDEXER_NUM_STAGES", "INDEXER_DOT_DTYPE")
+    out: dict[str, object] = {"as_shipped": {n: getattr(new, n) for n in names}}
+    for fallback in (None, (False, 3, "bf16"), (False, 1, "bf16")):
+        if fallback is not None:
+            for n, v in zip(names, fallback, strict=True):
+                setattr(new, n, v)
+        try:
+            lg = new.indexer_logits(d["qq"], d["w"], d["idx"], d["bt"], req, ctxl, 4096, tail=False)
+            torch.cuda.synchronize()
+            out["used"] = {n: getattr(new, n) for n in names}
+            out["rel_err_vs_f32"] = rel_err(lg, ref)
+            return out
+        except Exception as e:
+            out.setdefault("errors", []).append(repr(e)[:500])
+    raise RuntimeError(f"no setting of the new score kernel ran: {out}")
+
+
+def ref_scores(qq: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, bt: torch.Tensor, n: int) -> torch.Tensor:
+    """float32 scores of the first n positions of each row (the dequantized cache)."""
+    pages = math.ceil(n / PAGE)
+    flat = idx.view(idx.shape[0], -1)[bt[:, :pages].long()]  # [B, pages, PAGE * 132]
+    k = flat[..., : PAGE * IDX_DIM].contiguous().view(torch.float8_e4m3fn).float()
+    k = k.view(bt.shape[0], pages * PAGE, IDX_DIM)[:, :n]
+    sc = flat[..., PAGE * IDX_DIM :].contiguous().view(torch.float32).reshape(bt.shape[0], -1)[:, :n]
+    s = torch.einsum("bhd,bnd->bhn", qq.float(), k) * sc[:, None, :]
+    return (s.relu() * w[:, :, None]).sum(1)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    n = ref.shape[1]
+    return float((x[:, :n] - ref).abs().max() / ref.abs().max())
 
 
 def read_bandwidth(dev: torch.device) -> float:
