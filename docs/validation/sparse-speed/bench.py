@@ -504,6 +504,19 @@ SWEEP: list[tuple[str, dict[str, object]]] = [
     ("rows_m_bf16_s3_bn64", {"rows_m": True, "num_stages": 3, "block_n": 64}),
     ("rows_m_bf16_s3_w8", {"rows_m": True, "num_stages": 3, "num_warps": 8}),
     ("rows_m_bf16_s3_bn256_w8", {"rows_m": True, "num_stages": 3, "block_n": 256, "num_warps": 8}),
+    # second sweep: the fp8 dot with M = the 32 heads (mma.sync, as on SM 12.0) around its settings
+    ("rows_m_bf16_s3", {"rows_m": True, "dot_dtype": "bf16", "num_stages": 3}),
+    ("heads_m_fp16_s3", {"rows_m": False, "dot_dtype": "fp16", "num_stages": 3}),
+    ("heads_m_fp8_s2", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 2}),
+    ("heads_m_fp8_s4", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 4}),
+    ("heads_m_fp8_s3_pps2", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3, "programs_per_sm": 2}),
+    ("heads_m_fp8_s3_pps8", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3, "programs_per_sm": 8}),
+    ("heads_m_fp8_s3_pps16", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3, "programs_per_sm": 16}),
+    ("heads_m_fp8_s3_bn64", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3, "block_n": 64}),
+    ("heads_m_fp8_s3_bn256", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3, "block_n": 256}),
+    ("heads_m_fp8_s3_bn256_w8", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3, "block_n": 256, "num_warps": 8}),
+    ("heads_m_fp8_s3_w8", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 3, "num_warps": 8}),
+    ("heads_m_fp8_s4_pps8", {"rows_m": False, "dot_dtype": "fp8", "num_stages": 4, "programs_per_sm": 8}),
 ]
 
 

@@ -55,6 +55,19 @@ ORDER = [
     "rows_m_bf16_s3_bn256_w8",
     "rows_m_bf16_s3_pps2",
     "heads_m_fp8_s3",
+    # second sweep (run 4b)
+    "rows_m_bf16_s3",
+    "heads_m_fp16_s3",
+    "heads_m_fp8_s2",
+    "heads_m_fp8_s4",
+    "heads_m_fp8_s3_pps2",
+    "heads_m_fp8_s3_pps8",
+    "heads_m_fp8_s3_pps16",
+    "heads_m_fp8_s3_bn64",
+    "heads_m_fp8_s3_bn256",
+    "heads_m_fp8_s3_bn256_w8",
+    "heads_m_fp8_s3_w8",
+    "heads_m_fp8_s4_pps8",
 ]
 
 
