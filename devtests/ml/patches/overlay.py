@@ -7,6 +7,7 @@ the patch tool exactly as the role does it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
 PATCH_DIR = REPO / "files" / "patches" / "vllm-0.20.2"
@@ -65,3 +67,30 @@ def run_in(site: Path, code: str, *args: str) -> subprocess.CompletedProcess[str
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "devtests" / "ml" / "patches")])
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False)
+
+
+def run_interpreted(site: Path, script: str, *args: str, env: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """Run one of this folder's check scripts (``script``) in a fresh interpreter that
+    imports vllm from ``site``, its Triton kernels under Triton's CPU interpreter (an
+    empty CUDA_VISIBLE_DEVICES is vLLM's own case for "Triton usable with no active GPU
+    driver"), and return the JSON object the script prints as its last line. ``env``:
+    variables to set, or to remove where the value is None."""
+    here = REPO / "devtests" / "ml" / "patches"
+    full = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    full["PYTHONPATH"] = os.pathsep.join([str(site), str(here)])
+    for key, value in (env or {}).items():
+        if value is None:
+            full.pop(key, None)
+        else:
+            full[key] = value
+    proc = subprocess.run(
+        [sys.executable, str(here / script), *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result

@@ -10,34 +10,14 @@ gpu_standin_persistent_topk: the exact set, shuffled on every call).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
+import overlay
 
 
 def run_check(sort: str | None) -> dict[str, object]:
     import conftest
 
-    env = dict(os.environ)
-    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    env.pop("GLM5_SPARSE_TOPK_SORT", None)
-    if sort is not None:
-        env["GLM5_SPARSE_TOPK_SORT"] = sort
-    env["PYTHONPATH"] = os.pathsep.join([str(conftest.PATCHED_SITE), str(HERE)])
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "topk_order_check.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    # sort None: the switch unset (the default)
+    return overlay.run_interpreted(conftest.PATCHED_SITE, "topk_order_check.py", env={"GLM5_SPARSE_TOPK_SORT": sort})
 
 
 def test_sorted_selection_gives_bitwise_repeatable_attention() -> None:

@@ -98,23 +98,9 @@ def test_indexer_takes_the_triton_path_only_with_the_backend() -> None:
 
 
 def run_check(*args: str) -> dict[str, object]:
-    env = dict(os.environ)
-    # the interpreter runs the kernels on the CPU; an empty CUDA_VISIBLE_DEVICES
-    # is vLLM's own case for "Triton usable with no active GPU driver"
-    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     import conftest
 
-    env["PYTHONPATH"] = os.pathsep.join([str(conftest.PATCHED_SITE), str(HERE)])
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "sparse_kernels_check.py"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return overlay.run_interpreted(conftest.PATCHED_SITE, "sparse_kernels_check.py", *args)
 
 
 def test_kernels_and_indexer_op_match_float32() -> None:

@@ -55,18 +55,7 @@ def failed_checks(r: dict[str, object]) -> list[str]:
 
 
 def run_check(site: Path) -> dict[str, object]:
-    env = dict(os.environ)
-    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([str(site), str(HERE)]))
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "sparse_fp8_check.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return overlay.run_interpreted(site, "sparse_fp8_check.py")
 
 
 def test_fp8_cache_kernel_matches_float32_and_the_bf16_cache() -> None:
