@@ -1,6 +1,6 @@
 """Issue 23 item 3: the served fp8 latent cache (patch 0013) against the bf16 cache.
 
-usage: compare_fp8.py RESULTS_DIR OUT.json [--oracle-gguf GGUF]
+usage: compare_fp8.py RESULTS_DIR OUT.json [--oracle-gguf GGUF | --oracle-npz NPZ]
 RESULTS_DIR holds query5.py's <server>.json/.npz of the servers in ports (whole prompt
 log-prob distributions of run 5's held prompts, and 16 greedy tokens). Per prompt:
 mean/max KL(bf16 server || fp8 server) and top-1 agreement over all positions, the
@@ -8,6 +8,8 @@ same for the fp8 server with CUDA graphs against the eager one, greedy equality.
 Numpy only (runs on the GPU machine). With --oracle-gguf (here, with the project's
 PYTHONPATH=src and llama.cpp's bindings: scripts/make-tiny-glm5), each server also
 against llama.cpp's logits of the fixture, at positions below and from index_topk.
+--oracle-npz: the same with llama.cpp's logits computed here beforehand (oracle_npz.py),
+numpy only, for the GPU machine.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def load(results: Path, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray
 def main() -> int:
     results, out = Path(sys.argv[1]), Path(sys.argv[2])
     gguf = Path(sys.argv[sys.argv.index("--oracle-gguf") + 1]) if "--oracle-gguf" in sys.argv else None
+    npz = Path(sys.argv[sys.argv.index("--oracle-npz") + 1]) if "--oracle-npz" in sys.argv else None
     prompts = json.loads(PROMPTS.read_text())
     names = [line.split()[0] for line in (HERE / "ports").read_text().splitlines() if line.strip()]
     served = {n: load(results, n) for n in names}
@@ -77,6 +80,7 @@ def main() -> int:
             (p.get("greedy_ids") == g) if g is not None and p.get("greedy_ids") is not None else None
             for p, g in zip(meta.get("prompts", []), base_greedy, strict=False)
         ]
+    oracle: Any = None
     if gguf is not None:
         import torch
 
@@ -85,6 +89,19 @@ def main() -> int:
 
         topk = GlmDsaReference(gguf).hp.index_topk
         report["oracle"] = {"gguf": gguf.name, "index_topk": topk, "servers": {}}
+
+        def oracle(k: int, ids: list[int]) -> np.ndarray:
+            return np.asarray(llama_cpp_logits(gguf, ids)[: len(ids) - 1].to(torch.float64).numpy())
+    elif npz is not None:
+        with np.load(npz) as z:
+            pre = {f: z[f] for f in z.files}
+        topk = int(pre["index_topk"])
+        report["oracle"] = {"npz": npz.name, "gguf_sha256": str(pre["gguf_sha256"]), "index_topk": topk,
+                            "servers": {}}
+
+        def oracle(k: int, ids: list[int]) -> np.ndarray:
+            return np.asarray(pre[f"ll{k}"], dtype=np.float64)
+    if oracle is not None:
         for n, (_, arrays) in served.items():
             rows = []
             for k, p in enumerate(prompts):
@@ -92,7 +109,7 @@ def main() -> int:
                     rows.append(None)
                     continue
                 ids = p["ids"]
-                ll = llama_cpp_logits(gguf, ids)[: len(ids) - 1].to(torch.float64).numpy()
+                ll = oracle(k, ids)
                 lp = arrays[f"lp{k}"]
                 lp = np.where(np.isfinite(lp), lp, -1e30)
                 row = {"below index_topk": agree(ll[:topk], lp[:topk])}

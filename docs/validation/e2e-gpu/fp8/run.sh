@@ -108,7 +108,7 @@ for s in "${NAMES[@]}"; do
   grep -nE "Traceback|Error|error:|fp8_ds_mla" "$L/server-$s.log" | grep -v VLLM_API_KEY | head -8 | sed "s/^/$s: /" | cut -c1-400
   kill -TERM -"$(cat "$L/pid-$s")" 2>/dev/null
 done
-python3 "$R/compare_fp8.py" "$L" "$OUT/compare_fp8.json" > "$L/compare.txt" 2>&1
+python3 "$R/compare_fp8.py" "$L" "$OUT/compare_fp8.json" ${ORACLE_NPZ:+--oracle-npz "$ORACLE_NPZ"} > "$L/compare.txt" 2>&1
 { cat "$L/gpu.txt" "$L/tree.txt"; echo "kernel check:"; cat "$OUT/kernel_check.json"; echo
   python3 - "$OUT/compare_fp8.json" <<'PY'
 import json, sys
@@ -118,6 +118,9 @@ for n, s in r["servers"].items():
 for pair, rows in r["pairs"].items():
     print(pair, [None if x is None else (round(x["kl_mean"], 6), round(x["kl_max"], 5), round(x["top1"], 4)) for x in rows])
 print("greedy equal to bf16:", r["greedy_equal_to_bf16"])
+for pair, rows in r.get("oracle", {}).get("servers", {}).items():  # ORACLE_NPZ: llama.cpp's logits
+    print(pair, [None if x is None else {part: (round(a["kl_mean"], 5), round(a["kl_max"], 4), round(a["top1"], 3))
+                                         for part, a in x.items()} for x in rows])
 PY
 } | tee "$OUT/summary.txt"
 sleep 3

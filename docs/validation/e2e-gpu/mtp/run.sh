@@ -20,10 +20,17 @@
 # other server's greedy output back to NAME (teacher-forced) and reports the deficits.
 # FAULT=1: also a copy of the tree with a verification-step fault (below), served as
 # sparse-mtp3-graphs-fault, to show that the cross-check fails on it.
+# Run 9 (the constructed chain fixture, docs/fixtures.md "The MTP chain fixture"):
+# SERVERS=chain takes the servers of chain/ (cmdline-*.sh, ports) instead of this folder's;
+# CHAIN=1 makes /root/model/tiny-glm5-mtp-chain.gguf from the fixture's GGUF with
+# glm5_tools.fixtures.mtp_chain (numpy + gguf-py; its sha256 into chain.txt) and compare
+# checks the outputs against the chain; NC=1 makes the tree of server
+# chain-mtp3-graphs-nc: the patch set plus devtests/ml/diagnostics/faults/
+# mtp-shared-head-norm-not-carried.patch (the raw hidden state carried between draft steps).
 # Everything comes back under $OUT (results as mtp.tar.gz, server logs apart).
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-REPO=$PWD; R=$REPO/docs/validation/e2e-gpu/mtp; L=/root/mtp
+REPO=$PWD; M=$REPO/docs/validation/e2e-gpu/mtp; R=$M${SERVERS:+/$SERVERS}; L=/root/mtp
 WAVE=$1; LAST=${LAST:-.build/e6/c4}
 mkdir -p $L
 if [ ! -f /root/setup7.done ]; then
@@ -50,6 +57,23 @@ if [ ! -f /root/setup7.done ]; then
   touch /root/setup7.done
   el "setup done"
 fi
+if [ -n "${CHAIN:-}" ] && [ ! -f /root/model/tiny-glm5-mtp-chain.gguf ]; then
+  PYTHONPATH=$REPO/src:/root/site python3 -m glm5_tools.fixtures.mtp_chain /root/model/tiny-glm5-UD-Q4_K_XL.gguf \
+    /root/model/tiny-glm5-mtp-chain.gguf > $L/chain.txt 2>&1 || { cat $L/chain.txt; exit 1; }
+  want=$(cut -d' ' -f1 "$M/chain/chain.sha256")
+  [ "$(head -c 64 $L/chain.txt)" = "$want" ] && el "chain fixture made: sha256 $want, as on the CPU" \
+    || el "chain fixture made: sha256 $(head -c 64 $L/chain.txt) DIFFERS from the CPU's $want"
+fi
+if [ -n "${NC:-}" ] && [ ! -d /root/site-nc ]; then
+  cp -a /root/site /root/site-nc
+  patch -p1 -s -d /root/site-nc < "$REPO/devtests/ml/diagnostics/faults/mtp-shared-head-norm-not-carried.patch" \
+    || { echo "NC fault patch failed"; exit 1; }
+  mkdir -p /root/ml-env-nc/bin
+  sed 's|/root/site|/root/site-nc|' /root/ml-env/bin/python > /root/ml-env-nc/bin/python
+  sed 's|/root/site|/root/site-nc|' /root/ml-env/bin/vllm > /root/ml-env-nc/bin/vllm
+  chmod 0755 /root/ml-env-nc/bin/*
+  el "norm-not-carried fault tree made"
+fi
 if [ -n "${FAULT:-}" ] && [ ! -d /root/site-fault ]; then
   # The fault a verification step could have: each token of a decode request of up to
   # 4 query tokens (1 + 3 drafts) gets the request's whole context, so it sees the draft
@@ -71,9 +95,11 @@ PY
   sed 's|/root/site|/root/site-fault|' /root/ml-env/bin/python > /root/ml-env-fault/bin/python
   sed 's|/root/site|/root/site-fault|' /root/ml-env/bin/vllm > /root/ml-env-fault/bin/vllm
   chmod 0755 /root/ml-env-fault/bin/*
-  sed -e 's|/root/ml-env/|/root/ml-env-fault/|g' -e 's|--port 8004|--port 8006|' \
-    "$R/cmdline-sparse-mtp3-graphs.sh" > "$R/cmdline-sparse-mtp3-graphs-fault.sh"
-  grep -q -- '--port 8006' "$R/cmdline-sparse-mtp3-graphs-fault.sh" || { echo "fault cmdline not made"; exit 1; }
+  if [ -z "${SERVERS:-}" ]; then  # run 8's server; run 9's is rendered (chain/servers.yml)
+    sed -e 's|/root/ml-env/|/root/ml-env-fault/|g' -e 's|--port 8004|--port 8006|' \
+      "$R/cmdline-sparse-mtp3-graphs.sh" > "$R/cmdline-sparse-mtp3-graphs-fault.sh"
+    grep -q -- '--port 8006' "$R/cmdline-sparse-mtp3-graphs-fault.sh" || { echo "fault cmdline not made"; exit 1; }
+  fi
 fi
 export VLLM_API_KEY=$(cat /root/apikey)
 health() { python3 -c "import sys,urllib.request
@@ -98,21 +124,22 @@ done
 for s in $WAVE; do
   port=$(port_of "$s")
   if [ "$(health "http://127.0.0.1:$port/health")" = 200 ]; then
-    python3 "$R/query_mtp.py" "$port" "$L/$s.json" "$REPO/docs/validation/e2e-gpu/run5/prompts.json" > "$L/query-$s.txt" 2>&1
+    python3 "$M/query_mtp.py" "$port" "$L/$s.json" "$REPO/docs/validation/e2e-gpu/run5/prompts.json" > "$L/query-$s.txt" 2>&1
     el "$s queried: $(tail -1 "$L/query-$s.txt" | cut -c1-300)"
   fi
   grep -nE "Traceback|Error|error:" "$L/server-$s.log" | grep -v VLLM_API_KEY | head -6 | sed "s/^/$s: /" | cut -c1-400
 done
 if [ -n "${CROSS_REF:-}" ]; then
   subjects=$(for s in $WAVE; do [ "$s" != "$CROSS_REF" ] && echo "$s"; done)
-  PROMPTS=$REPO/docs/validation/e2e-gpu/run5/prompts.json python3 "$R/crosscheck_mtp.py" \
+  PROMPTS=$REPO/docs/validation/e2e-gpu/run5/prompts.json python3 "$M/crosscheck_mtp.py" \
     "$(port_of "$CROSS_REF")" "$L" "$CROSS_REF" $subjects 2>&1 | tee "$L/crosscheck.txt"
   el "cross-checked against $CROSS_REF"
 fi
 for s in $WAVE; do kill -TERM -"${pid[$s]}" 2>/dev/null; done; sleep 3
 for s in $WAVE; do kill -KILL -"${pid[$s]}" 2>/dev/null; tail -80 "$L/server-$s.log" > "$L/tail-$s.log"; done
 if [ "${2:-}" = compare ]; then
-  python3 "$R/compare_mtp.py" "$L" | tee "$L/summary.txt"
+  PYTHONPATH=$REPO/src:/root/site PROMPTS=$REPO/docs/validation/e2e-gpu/run5/prompts.json \
+    python3 "$M/compare_mtp.py" "$L" ${SERVERS:-} | tee "$L/summary.txt"
 fi
 tar -czf $OUT/mtp.tar.gz -C /root --exclude='server-*.log' mtp; (cd /root && tar -czf $OUT/mtp-logs.tar.gz mtp/server-*.log)
 el "done"
