@@ -73,14 +73,6 @@ def _margins(logits: Any) -> Any:
     return top[..., 0] - top[..., 1]
 
 
-def _continuation(successor: Any, token: int, n: int) -> list[int]:
-    out = []
-    for _ in range(n):
-        token = int(successor[token])
-        out.append(token)
-    return out
-
-
 def test_the_target_follows_the_cycle_with_a_large_margin(model: Any, prompt: list[int], successor: Any):
     import torch
 
@@ -95,7 +87,9 @@ def test_the_target_follows_the_cycle_with_a_large_margin(model: Any, prompt: li
 
 def _draft(model: Any, prompt: list[int], successor: Any) -> tuple[list[bool], list[float]]:
     run = model.draft(prompt)
-    want = _continuation(successor, run.next_token, len(run.drafted))
+    from glm5_tools.fixtures.mtp_chain import continuation
+
+    want = continuation(successor, run.next_token, len(run.drafted))
     assert run.next_token == int(successor[prompt[-1]])
     margins = [round(float(_margins(lg)), 2) for lg in run.logits]
     hits = [d == w for d, w in zip(run.drafted, want, strict=True)]

@@ -67,17 +67,13 @@ def margin_gap(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
 
 def chain_expectation() -> Any:
     """Per held prompt, the constructed fixture's greedy continuation (successor chain)."""
-    from glm5_tools.fixtures.mtp_chain import make_chain
+    from glm5_tools.fixtures.mtp_chain import continuation, make_chain
 
     succ = make_chain(2048, 256).successor
     prompts = json.loads(Path(os.environ["PROMPTS"]).read_text())
 
     def expected(i: int, n: int) -> list[int]:
-        out, tok = [], int(prompts[i]["ids"][-1])
-        for _ in range(n):
-            tok = int(succ[tok])
-            out.append(tok)
-        return out
+        return continuation(succ, int(prompts[i]["ids"][-1]), n)
 
     return expected
 
