@@ -32,6 +32,7 @@ import os
 import stat
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -78,6 +79,10 @@ options:
     elements: list
     default: []
   health_url: {description: URL whose HTTP status is part of the state (empty for none)., type: str, default: ""}
+  max_age:
+    description: A record older than this many seconds never matches (roles decide some things by the clock).
+    type: int
+    default: 86400
 author: glm5-deploy
 """
 
@@ -246,11 +251,23 @@ def snapshot(params: dict[str, Any]) -> tuple[dict[str, str], int]:
     return parts, total
 
 
-def compare(record: dict[str, Any] | None, inputs: dict[str, str], parts: dict[str, str]) -> list[str]:
+def compare(
+    record: dict[str, Any] | None,
+    inputs: dict[str, str],
+    parts: dict[str, str],
+    max_age: int = 86400,
+    now: float | None = None,
+) -> list[str]:
     """What differs between the record and now (empty: nothing)."""
     if record is None:
         return ["no record of an earlier full run"]
     differ: list[str] = []
+    now = time.time() if now is None else now
+    recorded_at = record.get("recorded_at")
+    if not isinstance(recorded_at, (int, float)) or not now - max_age <= recorded_at <= now + 300:
+        # Roles decide some things by the clock (a certificate renewed within its window):
+        # a full run at least every max_age seconds.
+        differ.append(f"the record is older than {max_age} s (or not dated)")
     recorded = record.get("inputs")
     if not isinstance(recorded, dict):
         recorded = {}
@@ -299,6 +316,7 @@ def main() -> None:
             "units": {"type": "list", "elements": "str", "default": []},
             "commands": {"type": "list", "elements": "list", "default": []},
             "health_url": {"type": "str", "default": ""},
+            "max_age": {"type": "int", "default": 86400},
         },
         supports_check_mode=True,
     )
@@ -309,12 +327,12 @@ def main() -> None:
             module.fail_json(msg=f"roots: each must be an absolute path or a mapping path/depth, got {root!r}")
     parts, entries = snapshot(params)
     if params["state"] == "probe":
-        differ = compare(load_record(params["record"]), params["inputs"], parts)
+        differ = compare(load_record(params["record"]), params["inputs"], parts, params["max_age"])
         module.exit_json(
             changed=False, unchanged=not differ, differ=differ, parts=parts, entries=entries
         )
     if not module.check_mode:
-        record = {"inputs": params["inputs"], "parts": parts}
+        record = {"inputs": params["inputs"], "parts": parts, "recorded_at": int(time.time())}
         write_record(params["record"], json.dumps(record, sort_keys=True))
     # Bookkeeping of the run, not a change of the deployment: never reported as changed.
     module.exit_json(changed=False, unchanged=True, differ=[], parts=parts, entries=entries)
