@@ -32,13 +32,14 @@ def sh(box: str, script: str) -> str:
     return done.stdout
 
 
-def host_state(box: str, state: str, check: bool = False) -> dict[str, Any]:
+def host_state(box: str, state: str, check: bool = False, take: bool = True) -> dict[str, Any]:
     args = {
         "state": state,
         "inputs": {"settings": "s"},
         "record": RECORD,
         "roots": ["/etc", {"path": "/var/lib/dpkg/status", "depth": 0}],
         "commands": [["cat", "/etc/glm5-live"]],
+        "take": take,
     }
     env = {
         **os.environ,
@@ -55,6 +56,17 @@ def host_state(box: str, state: str, check: bool = False) -> dict[str, Any]:
     return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"][box]
 
 
+def drift(box: str, change: str, restore: str) -> list[str]:
+    """What the probe names after change; restore, record again, and a match again."""
+    assert host_state(box, "probe")["unchanged"] is True
+    sh(box, change)
+    differ = host_state(box, "probe")["differ"]
+    sh(box, restore)
+    assert host_state(box, "probe")["differ"] == ["no record of an earlier full run"]  # the mismatch removed it
+    host_state(box, "record")
+    return differ
+
+
 def test_drift_between_runs_is_seen_and_named(box):
     sh(box, f"printf '[Service]\\nType=oneshot\\nRemainAfterExit=yes\\nExecStart=/bin/true\\n"
             f"[Install]\\nWantedBy=multi-user.target\\n' > /etc/systemd/system/{UNIT} && "
@@ -62,26 +74,25 @@ def test_drift_between_runs_is_seen_and_named(box):
     recorded = host_state(box, "record")
     assert recorded["changed"] is False and recorded["entries"] > 100
     assert sh(box, f"stat -c %a {RECORD}").strip() == "600"
-    assert host_state(box, "probe")["unchanged"] is True
 
-    sh(box, f"systemctl stop {UNIT}")
-    assert host_state(box, "probe")["differ"] == ["units"]
-    sh(box, f"systemctl start {UNIT}")
-    assert host_state(box, "probe")["unchanged"] is True  # back as it was: a match again
-
-    sh(box, f"systemctl disable {UNIT}")
-    assert "units" in host_state(box, "probe")["differ"]
-    sh(box, f"systemctl enable {UNIT}")
-
-    sh(box, "echo 2 > /tmp/x && cp --preserve=timestamps /tmp/x /etc/glm5-live")  # a live setting changed
-    differ = host_state(box, "probe")["differ"]
+    assert drift(box, f"systemctl stop {UNIT}", f"systemctl start {UNIT}") == ["units"]
+    assert "units" in drift(box, f"systemctl disable {UNIT}", f"systemctl enable {UNIT}")
+    # A live setting changed, and a file rewritten with its old times put back.
+    differ = drift(box, "echo 2 > /tmp/x && cp --preserve=timestamps /tmp/x /etc/glm5-live", "true")
     assert "command:cat /etc/glm5-live" in differ and "files:/etc" in differ
-
-    host_state(box, "record", check=True)  # check mode: the old record stays
-    assert host_state(box, "probe")["unchanged"] is False
-    host_state(box, "record")
-    assert host_state(box, "probe")["unchanged"] is True
-
     package = sh(box, "dpkg-query -W -f '${Package}\\n' | head -1").strip()
-    sh(box, f"apt-mark hold {package} >/dev/null")
-    assert host_state(box, "probe")["differ"] == ["files:/var/lib/dpkg/status"]
+    assert drift(box, f"apt-mark hold {package} >/dev/null", "true") == ["files:/var/lib/dpkg/status"]
+
+
+def test_check_mode_neither_writes_nor_removes_a_record(box):
+    host_state(box, "record")
+    sh(box, "echo 3 > /etc/glm5-live")
+    assert host_state(box, "probe", check=True)["unchanged"] is False
+    host_state(box, "record", check=True)
+    assert host_state(box, "probe", check=True)["differ"] == ["command:cat /etc/glm5-live", "files:/etc"]
+
+
+def test_a_run_that_may_not_take_the_shortcut_removes_the_record(box):
+    host_state(box, "record")
+    assert host_state(box, "probe", take=False)["differ"] == ["the shortcut is not taken in this run"]
+    assert host_state(box, "probe")["differ"] == ["no record of an earlier full run"]

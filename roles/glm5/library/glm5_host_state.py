@@ -79,6 +79,13 @@ options:
     elements: list
     default: []
   health_url: {description: URL whose HTTP status is part of the state (empty for none)., type: str, default: ""}
+  take:
+    description:
+      - (probe) Whether this run may take the shortcut. A probe that does not end in a match
+        (or may not take it) removes the record, not in check mode, so that only a full run
+        that ends well records again.
+    type: bool
+    default: true
   max_age:
     description: A record older than this many seconds never matches (roles decide some things by the clock).
     type: int
@@ -317,6 +324,7 @@ def main() -> None:
             "commands": {"type": "list", "elements": "list", "default": []},
             "health_url": {"type": "str", "default": ""},
             "max_age": {"type": "int", "default": 86400},
+            "take": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -328,6 +336,12 @@ def main() -> None:
     parts, entries = snapshot(params)
     if params["state"] == "probe":
         differ = compare(load_record(params["record"]), params["inputs"], parts, params["max_age"])
+        if not params["take"]:
+            differ = [*differ, "the shortcut is not taken in this run"]
+        if differ and not module.check_mode:
+            # A full run follows: until it records again, no record may vouch for this host
+            # (a run that fails halfway, or in verify, must not leave the old one behind).
+            Path(params["record"]).unlink(missing_ok=True)
         module.exit_json(
             changed=False, unchanged=not differ, differ=differ, parts=parts, entries=entries
         )
