@@ -5,9 +5,10 @@ whose inputs and host state equal those recorded after its last full run. This p
 computes the inputs half, on the controller, without contacting the host:
 
 - every variable of the host as the run sees it (inventory, group and host vars, extra
-  vars, role glm5's defaults, the facts set by the validation phase), templated, except
-  gathered facts and Ansible's own per-run names (``SKIPPED_NAMES``); a value that
-  cannot be templated here is taken as written;
+  vars, role glm5's defaults), templated, except gathered facts, what this run
+  registered or set on the host (observations of the host: the host state covers them)
+  and Ansible's own per-run names (``SKIPPED_NAMES``); a value that cannot be templated
+  here is taken as written;
 - the content of every file of the project that a run reads (``PROJECT_PARTS``: roles,
   playbooks, files, src, requirements, site.yml, ansible.cfg) and the installed
   collections' manifests;
@@ -213,15 +214,27 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible-core ships no t
     TRANSFERS_FILES = False
     _requires_connection = False
 
+    def _runtime_names(self, host: str) -> set[str]:
+        """Names this run registered or set (set_fact) on the host so far: observations of the
+        host and what was derived from them and the settings, not inputs. The host's state
+        is probed as such, and an observation of it taken before this run's changes would
+        never match the state recorded after them."""
+        manager = self._task.get_variable_manager()
+        cache = getattr(manager, "_nonpersistent_fact_cache", None)
+        if not isinstance(cache, dict):
+            raise AnsibleError("glm5_run_inputs: this ansible-core keeps no per-host cache of registered values")
+        return set(cache.get(host, {}))
+
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = dict(super().run(tmp, task_vars))
         task_vars = task_vars or {}
         enabled = boolean(self._templar.template(self._task.args.get("enabled", True)), strict=False)
         facts = task_vars.get("ansible_facts", {}) or {}
         injected = {f"ansible_{name}" for name in facts}
+        runtime = self._runtime_names(str(task_vars.get("inventory_hostname", "")))
         values: dict[str, Any] = {}
         for name in sorted(task_vars):
-            if name in SKIPPED_NAMES or name in injected or name.startswith("ansible_parent_role"):
+            if name in SKIPPED_NAMES or name in injected or name in runtime or name.startswith("ansible_parent_role"):
                 continue
             raw = task_vars[name]
             try:
