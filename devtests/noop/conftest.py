@@ -1,4 +1,5 @@
-"""Load role glm5's package and tree plugins (filters, module glm5_tree_state) as modules."""
+"""Load role glm5's package, tree and no-op shortcut plugins (filters, modules glm5_tree_state and
+glm5_host_state, action plugin glm5_run_inputs) as modules."""
 
 from __future__ import annotations
 
@@ -33,3 +34,13 @@ def tree_state() -> ModuleType:
 @pytest.fixture(scope="session")
 def drv() -> ModuleType:
     return _load("nvidia_driver_filters", ROOT / "roles/nvidia_driver/filter_plugins/nvidia_driver_filters.py")
+
+
+@pytest.fixture(scope="session")
+def hs() -> ModuleType:
+    return _load("glm5_host_state", ROOT / "roles/glm5/library/glm5_host_state.py")
+
+
+@pytest.fixture(scope="session")
+def ri() -> ModuleType:
+    return _load("glm5_run_inputs", ROOT / "roles/glm5/action_plugins/glm5_run_inputs.py")

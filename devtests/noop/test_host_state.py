@@ -12,14 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def hs():
-    return load_file(ROOT / "roles/glm5/library/glm5_host_state.py", "glm5_host_state")
 
 
 @pytest.fixture()

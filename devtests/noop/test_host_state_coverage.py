@@ -74,8 +74,8 @@ CHANGERS = {
     "vllm_router: Create the venv": "files:/opt (vllm_router_root)",
     "vllm_router: Install the locked packages (uv pip sync, hashes required)": "files:/opt (vllm_router_root)",
     "vllm_router: Take the others' write bit off the venv (uv makes its .lock 0666)": "files:/opt",
-    "glm5: Record the host's state after this full run": "the record itself, outside the roots",
-    "glm5: Compare the host with the record of its last full run": "reads only",
+    "glm5: Compare the host's state with its record (probe), or write the record after a full run (record)":
+    "the record itself, outside the roots",
 }
 APT = {"apt", "dpkg_selections", "apt_key"}  # covered by files:/var/lib/dpkg/status and /etc/apt
 REBOOT = {"reboot"}  # covered by the boot part (boot id)

@@ -13,17 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible import context
-from load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 # The roles site.yml applies (bench and offline_bundle have playbooks of their own).
 SITE_ROLES = ("nvidia_driver", "cuda_toolkit", "ml_env", "flash_attn", "vllm_patches", "model", "gpu_tuning",
               "nccl_check", "exposure", "tls_proxy", "gpu_exporter", "vllm_service", "vllm_router", "preflight")
-
-
-@pytest.fixture(scope="module")
-def ri():
-    return load_file(ROOT / "roles/glm5/action_plugins/glm5_run_inputs.py", "glm5_run_inputs")
 
 
 def test_project_digest_changes_with_any_project_file(ri, tmp_path):

@@ -41,7 +41,8 @@ from ansible.release import __version__ as ANSIBLE_VERSION
 PROJECT = Path(__file__).resolve().parents[3]
 PROJECT_PARTS = ("site.yml", "ansible.cfg", "requirements.yml", "roles", "playbooks", "files", "src", "requirements")
 SKIPPED_DIRS = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
-# Ansible's own names for this run, and the switch itself (it changes no state): not inputs.
+# Ansible's own names for this run, the switch and the record's place (neither changes the
+# deployment), and the play's mode: not inputs. What the run sets on the host: _runtime_names.
 SKIPPED_NAMES = frozenset(
     {
         "ansible_check_mode", "ansible_diff_mode", "ansible_current_hosts", "ansible_failed_hosts",
@@ -56,9 +57,7 @@ SKIPPED_NAMES = frozenset(
         "ansible_python_interpreter_discovered",
         "play_hosts", "role_names", "role_name", "role_path", "role_uuid", "playbook_dir",
         "inventory_dir", "inventory_file", "hostvars", "groups", "vars", "environment", "omit",
-        "glm5_noop_shortcut", "glm5__run_inputs", "glm5__unchanged", "glm5__host_state", "glm5__run_roots",
-        "glm5__run_eligible", "glm5_host_state_record", "glm5__run_recordable", "glm5__run_inputs_result",
-        "glm5_host_state_mode",
+        "glm5_noop_shortcut", "glm5_host_state_record", "glm5_host_state_mode",
     }
 )
 # Paths named by settings that are not host state of the deployment: caches, temporary
@@ -83,30 +82,34 @@ CONTROLLER_PATH_SETTINGS = (
 def _hash_file(digest: Any, path: Path) -> None:
     st = path.stat()
     if st.st_size > FILE_LIMIT:
-        digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        digest.update(f"size {st.st_size} mtime {st.st_mtime_ns}\n".encode())
         return
-    digest.update(f"{path}\0".encode())
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     digest.update(b"\n")
 
 
+def _hash_path(digest: Any, top: Path) -> None:
+    """A file's content, or each file's name (relative to top) and content in a tree (no caches)."""
+    if top.is_file():
+        _hash_file(digest, top)
+        return
+    for directory, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        for name in sorted(files):
+            if not name.endswith((".pyc", ".pyo")):
+                path = Path(directory, name)
+                digest.update(str(path.relative_to(top)).encode() + b"\0")
+                _hash_file(digest, path)
+
+
 def project_digest(root: Path = PROJECT) -> str:
     """sha256 over the content of every file of the project a run reads."""
     digest = hashlib.sha256()
     for part in PROJECT_PARTS:
-        top = root / part
-        if top.is_file():
-            _hash_file(digest, top)
-            continue
-        for directory, dirs, files in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-            for name in sorted(files):
-                if not name.endswith((".pyc", ".pyo")):
-                    path = Path(directory, name)
-                    digest.update(str(path.relative_to(root)).encode())
-                    _hash_file(digest, path)
+        digest.update(f"{part}\0".encode())
+        _hash_path(digest, root / part)
     return digest.hexdigest()
 
 
@@ -116,6 +119,7 @@ def collections_digest() -> str:
     for base in C.COLLECTIONS_PATHS:
         top = Path(base, "ansible_collections")
         for manifest in sorted(top.glob("*/*/MANIFEST.json")) if top.is_dir() else []:
+            digest.update(f"{manifest.relative_to(top)}\0".encode())
             _hash_file(digest, manifest)
     return digest.hexdigest()
 
@@ -140,14 +144,8 @@ def controller_files_digest(values: dict[str, Any]) -> str:
         path = Path(value)
         digest.update(f"{setting}\0{value}\0".encode())
         try:
-            if path.is_file():
-                _hash_file(digest, path)
-            elif path.is_dir():
-                for directory, dirs, files in os.walk(path):
-                    dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-                    for name in sorted(files):
-                        digest.update(str(Path(directory, name).relative_to(path)).encode())
-                        _hash_file(digest, Path(directory, name))
+            if path.exists():
+                _hash_path(digest, path)
             else:
                 digest.update(b"missing\n")
         except OSError:
