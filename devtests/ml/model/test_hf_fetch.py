@@ -56,7 +56,8 @@ def test_full_download_manifest_equals_served(hub: Hub, tmp_path: Path) -> None:
             assert e["sha256"] == served[e["path"]].sha256
         assert _files(local) == {p: served[p].sha256 for p in want}
         assert got.result == {"changed": True, "revision": hub.hub.repo(repo).sha, "files": len(want),
-                              "bytes": sum(served[p].size for p in want), "downloaded": len(want)}
+                              "bytes": sum(served[p].size for p in want), "downloaded": len(want),
+                              "manifest_written": True}
     # The LFS shards came through the blob redirect; nothing outside the patterns was asked for.
     blobs = hub.requests("GET", "/_blobs/")
     assert len(blobs) == 2 and all(e["status"] == 200 for e in blobs)

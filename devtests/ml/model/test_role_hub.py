@@ -32,6 +32,7 @@ def _play(hub: Hub, tmp_path: Path, token: str, check: bool = False,
     extra = {"model_dir": str(model_dir), "ml_env_python": sys.executable, "model_hf_endpoint": hub.url,
              "model_hf_token": token, "model_owner": "root", "model_group": "root", "model_base_repo": BASE_REPO,
              "model_gguf_repo": GGUF_REPO, "model_disk_headroom_bytes": 0, "glm5_no_proxy": "127.0.0.1,localhost",
+             "model_state_dir": str(tmp_path / "state"), "glm5_progress_interval": 2,
              "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python")}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "ANSIBLE_"))}
     env.update(ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
@@ -54,12 +55,14 @@ def test_role_fetches_then_changes_nothing(hub: Hub, tmp_path: Path) -> None:
     first = _play(hub, tmp_path, TOKEN)
     assert first.returncode == 0, first.stdout[-3000:]
     assert _stats(first)["changed"] >= 1
+    cache = tmp_path / "state" / "verified.json"
+    cached = json.loads(cache.read_text())["files"]
+    assert cache.stat().st_mode & 0o777 == 0o600
     for sub in ("gguf", "base"):
         manifest = json.loads((tmp_path / "model" / sub / ".glm5-manifest.json").read_text())
         assert manifest and all(e["sha256"] for e in manifest)
-        stamp = tmp_path / "model" / sub / ".glm5-verified.json"
-        assert set(json.loads(stamp.read_text())) == {e["path"] for e in manifest}
-        assert stamp.stat().st_mode & 0o777 == 0o640
+        for e in manifest:
+            assert cached[str(tmp_path / "model" / sub / e["path"])]["sha256"] == e["sha256"]
     again = _play(hub, tmp_path, TOKEN)
     assert again.returncode == 0 and _stats(again)["changed"] == 0, again.stdout[-3000:]
     checked = _play(hub, tmp_path, TOKEN, check=True)

@@ -1,0 +1,135 @@
+#!/usr/bin/python
+"""Ansible module: one round of following a background (async) task: wait up to I(wait)
+seconds for it to end, and say how far it is.
+
+Long tasks (the model fetch, the sha256 verification, the flash-attn build) run with
+``async``/``poll: 0``; role glm5's tasks/follow.yml calls this module in rounds and
+prints its C(line) after each, so that the run shows progress while the work goes on.
+The job's progress is read from a JSON file of numbers it writes (the document of
+role glm5's module_utils/glm5_progress.py, put in words by its describe()) or from the
+last lines of its log. The job has ended when Ansible's async wrapper has replaced the
+C(results_file) the async task returned (a documented return value) with the module's
+result; this module then returns the keys of that result named in I(keep) (never the
+module's invocation, which may hold arguments not to be shown) and removes the file.
+It changes nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glm5_progress import describe
+
+DOCUMENTATION = r"""
+module: glm5_job_progress
+short_description: One round of following an async task (wait, then report its progress)
+description:
+  - Waits until the async job whose C(results_file) is I(results_file) has ended, at most
+    I(wait) seconds, then returns C(finished), a progress C(line) (from I(progress) or the
+    last I(log_lines) lines of I(log)) and, once finished, C(result) (the keys I(keep) of
+    the job's result). Removes the results file once read.
+options:
+  results_file: {description: The results_file an async task with poll 0 returned., type: path, required: true}
+  wait: {description: Seconds to wait at most in this round., type: float, default: 30}
+  progress: {description: Progress document the job writes (module_utils/glm5_progress.py)., type: path, default: ""}
+  log: {description: Log whose last lines are the progress (when there is no progress file)., type: path, default: ""}
+  log_lines: {description: How many of the log's last lines., type: int, default: 3}
+  keep:
+    description: Keys of the job's result to return.
+    type: list
+    elements: str
+    default: [rc, stdout, stderr, msg, failed, changed]
+author: glm5-deploy
+"""
+
+EXAMPLES = r"""
+- glm5_job_progress:
+    results_file: "{{ job.results_file }}"
+    progress: /var/lib/glm5/model/fetch-gguf.json
+    wait: 30
+  register: round
+"""
+
+RETURN = r"""
+finished: {description: Whether the job has ended., type: bool, returned: always}
+line: {description: Its progress (or the end's result) in one line., type: str, returned: always}
+lines: {description: The log's last lines (with I(log))., type: list, returned: always}
+result: {description: The kept keys of the job's result (once finished)., type: dict, returned: always}
+"""
+
+POLL_S = 0.5
+
+
+def job_result(path: Path) -> dict[str, Any] | None:
+    """The job's result once it has ended, else None (Ansible's async wrapper writes
+    {"started": 1, "finished": 0, ...} first and the module's result at the end)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None  # being written
+    if not isinstance(data, dict) or "started" in data:
+        return None
+    return data
+
+
+def progress_line(progress: str, log: str, log_lines: int) -> tuple[str, list[str]]:
+    if progress:
+        try:
+            doc = json.loads(Path(progress).read_text())
+        except (OSError, ValueError):
+            return "", []
+        return (describe(doc) if isinstance(doc, dict) else ""), []
+    if log:
+        try:
+            with Path(log).open(errors="replace") as fh:
+                tail = [line.rstrip("\n") for line in deque(fh, maxlen=max(1, log_lines))]
+            return " | ".join(tail), tail
+        except OSError:
+            return "", []
+    return "", []
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "results_file": {"type": "path", "required": True},
+            "wait": {"type": "float", "default": 30},
+            "progress": {"type": "path", "default": ""},
+            "log": {"type": "path", "default": ""},
+            "log_lines": {"type": "int", "default": 3},
+            "keep": {"type": "list", "elements": "str", "default": ["rc", "stdout", "stderr", "msg", "failed",
+                                                                      "changed"]},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    path = Path(p["results_file"])
+    deadline = time.monotonic() + max(0.0, p["wait"])
+    data = job_result(path)
+    while data is None and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        data = job_result(path)
+    line, lines = progress_line(p["progress"], p["log"], p["log_lines"])
+    if data is None:
+        if not path.exists():  # a job that has ended leaves its result in place until read
+            module.fail_json(msg=f"the background job's results file {path} is gone (another run took it, or a"
+                                 " reboot): its result is unknown; run again", finished=True)
+        module.exit_json(changed=False, finished=False, line=line or "running (no progress reported yet)",
+                         lines=lines, result={})
+        return
+    kept = {k: data[k] for k in p["keep"] if k in data}
+    path.unlink(missing_ok=True)
+    module.exit_json(changed=False, finished=True, line=line or "done", lines=lines, result=kept)
+
+
+if __name__ == "__main__":
+    main()
