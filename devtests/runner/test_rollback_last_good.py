@@ -11,12 +11,19 @@ One sequence on one container, as an operator would meet it:
      verify passes there, and fails when pointed at another port;
   6. rollback restores G1 (the last good one before G2, never the failed unit), it
      serves on 8000 and verify passes; a rerun changes nothing.
+
+The readiness waits print a line a round with the start-up phase the stand-in's journal
+shows (vLLM's own log texts), rollback's wait too; in step 5 the failing run is a
+crash loop (the stand-in stops as vLLM does when the KV cache does not fit), which must
+fail the run within 30 s of the crash, naming vLLM's error.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -36,9 +43,17 @@ SERVICE_VARS: dict[str, Any] = {
     "vllm_service_tokenizer_dir": f"{FIXTURE}/base",
     "vllm_service_hf_config_dir": f"{FIXTURE}/base",
     "vllm_service_chat_template": f"{FIXTURE}/base/chat_template.jinja",
-    "rollback_health_delay": 1,
-    "rollback_health_retries": 60,
+    "rollback_health_timeout": 60,
+    # A line a second in the readiness waits (their rounds are what is checked).
+    "glm5_progress_interval": 1,
 }
+# The stand-in's start-up phases four seconds apart: several rounds of the wait.
+SLOW_START: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_PHASE_S": "4"}}
+# The stand-in stops as vLLM does when the KV cache does not fit: a crash loop under the
+# unit's Restart=on-failure (RestartSec 30 s: the run must fail before the first restart).
+CRASH_LOOP: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_FAIL": "kv_cache"},
+                              "vllm_service_ready_timeout": 600}
+WAIT_ROUND = "Wait for the service to answer (one round; fails at once when it crashes)"
 # A stand-in that starts and never listens (vLLM hung while loading), with a short wait.
 NEVER_READY: dict[str, Any] = {
     "vllm_service_command": ["/usr/bin/python3", "-c", "import time; time.sleep(86400)"],
@@ -86,6 +101,22 @@ def _changed(result: Run) -> list[str]:
             if e["event_data"].get("res", {}).get("changed")]
 
 
+def _progress(result: Run) -> list[str]:
+    """The readiness wait's lines (role glm5's tasks/unit_wait_round.yml)."""
+    return [str(e["event_data"]["res"].get("msg", "")) for e in result.task_events()
+            if e["event_data"].get("task") == "Report the start-up"]
+
+
+def _crash_time(host: str) -> float:
+    """When the unit's main process last crashed (systemd's 'Main process exited' line), epoch seconds."""
+    found = subprocess.run(
+        ["docker", "exec", host, "journalctl", "-u", "vllm-glm-5.service", "-o", "short-unix", "--no-pager",
+         "--grep", "Main process exited", "-n", "1"], capture_output=True, text=True).stdout
+    stamps = re.findall(r"^(\d+\.\d+) ", found, re.MULTILINE)
+    assert stamps, f"no crash in the unit's journal: {found!r}"
+    return float(stamps[-1])
+
+
 def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: str, run) -> None:
     prepared = run("molecule/fixtures/model_standin_dir.yml", {})
     assert prepared.rc == 0
@@ -97,29 +128,52 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     assert "no unit has passed the readiness wait" in _message(refused)
     assert not _changed(refused)
 
-    # 2. A good deploy on the default port.
-    g1 = run("playbooks/service.yml", SERVICE_VARS)
+    # 2. A good deploy on the default port; its readiness wait says the phases reached.
+    g1 = run("playbooks/service.yml", {**SERVICE_VARS, **SLOW_START})
     assert g1.rc == 0, _message(g1) if g1.rc else ""
+    lines = _progress(g1)
+    assert len(lines) >= 2, lines
+    phases = ("loading the weights", "weights loaded (47.31 GiB per GPU in 312.504121 s)",
+              "sizing the KV cache (31.2 GiB per GPU free for it)", "KV cache sized (1,020,928 tokens)",
+              "capturing CUDA graphs", "CUDA graphs captured (in 14 s)", "engine ready (its start took 96.41 s)",
+              "starting the API server on http://127.0.0.1:8000")
+    assert all(re.match(r"vllm-glm-5\.service active \(running\) for \d+ s(; .+ \(at \d+ s\))?; "
+                        r"http://127\.0\.0\.1:8000/health: no answer", line) for line in lines[:-1]), lines
+    assert any(f"; {phase} (at " in line for phase in phases for line in lines[:-1]), lines
+    assert re.match(r"vllm-glm-5\.service ready after \d+ s; application startup complete \(at \d+ s\)$",
+                    lines[-1]), lines
     good_1 = _read(host, UNIT)
     assert good_1 and _read(host, f"{UNIT}.good") == good_1
     assert _read(host, f"{UNIT}.previous") is None
 
     # 3. A run that never gets ready fails at the readiness wait; nothing is recorded.
     bad = run("playbooks/service.yml", {**SERVICE_VARS, **NEVER_READY})
-    assert bad.rc != 0 and _failed_task(bad) == "Wait for /health"
+    assert bad.rc != 0 and _failed_task(bad) == WAIT_ROUND
+    assert "not ready after the wait of 1" in _message(bad)
     bad_unit = _read(host, UNIT)
     assert bad_unit and bad_unit != good_1 and "time.sleep" in bad_unit
     assert _read(host, f"{UNIT}.good") == good_1
     assert _read(host, f"{UNIT}.previous") is None
 
-    # 4. Rollback during the incident: back to G1, which serves.
+    # 4. Rollback during the incident: back to G1, which serves; its wait reports too.
     back = run("playbooks/rollback.yml", SERVICE_VARS)
     assert back.rc == 0, _message(back) if back.rc else ""
+    assert _progress(back) and _progress(back)[-1].startswith("vllm-glm-5.service ready after "), _progress(back)
     assert _read(host, UNIT) == good_1
     assert _curl(host, 8000) == 200
 
-    # 5. Fail again, then re-converge with good settings on a non-default port.
-    assert run("playbooks/service.yml", {**SERVICE_VARS, **NEVER_READY}).rc != 0
+    # 5. Fail again, as a crash loop: the run fails within 30 s of the crash (before
+    #    systemd's first restart), naming vLLM's error; then re-converge with good
+    #    settings on a non-default port.
+    crash = run("playbooks/service.yml", {**SERVICE_VARS, **CRASH_LOOP})
+    assert crash.rc != 0 and _failed_task(crash) == WAIT_ROUND
+    failed_at = datetime.fromisoformat(crash.first_failure()["created"]).replace(tzinfo=UTC).timestamp()
+    crash_to_failure = failed_at - _crash_time(host)
+    message = _message(crash)
+    assert message.startswith("vllm-glm-5.service is restarting after a crash (exit-code)"), message
+    assert "ValueError: To serve at least one request with the models's max seq len" in message
+    assert "EngineCore failed to start." in message
+    assert 0 <= crash_to_failure < 30, f"the run failed {crash_to_failure:.1f} s after the crash"
     port_vars = {**SERVICE_VARS, "glm5_api_port": 8123}
     g2 = run("playbooks/service.yml", port_vars)
     assert g2.rc == 0, _message(g2) if g2.rc else ""

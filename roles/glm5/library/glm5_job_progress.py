@@ -81,13 +81,17 @@ def job_result(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def progress_line(progress: str, log: str, log_lines: int) -> tuple[str, list[str]]:
+def progress_line(progress: str, log: str, log_lines: int, since: float) -> tuple[str, list[str]]:
+    """The progress in words (a document written before ``since``, the job's start, is a
+    previous run's: not shown), and the log's last lines."""
     if progress:
         try:
             doc = json.loads(Path(progress).read_text())
         except (OSError, ValueError):
             return "", []
-        return (describe(doc) if isinstance(doc, dict) else ""), []
+        if not isinstance(doc, dict) or float(doc.get("updated") or 0) < since - 1:
+            return "", []
+        return describe(doc), []
     if log:
         try:
             with Path(log).open(errors="replace") as fh:
@@ -118,12 +122,16 @@ def main() -> None:
     while data is None and time.monotonic() < deadline:
         time.sleep(POLL_S)
         data = job_result(path)
-    line, lines = progress_line(p["progress"], p["log"], p["log_lines"])
+    try:
+        since = path.stat().st_mtime if data is None else 0.0  # the job's start: its "started" record
+    except OSError:
+        since = 0.0
+    line, lines = progress_line(p["progress"], p["log"], p["log_lines"], since)
     if data is None:
         if not path.exists():  # a job that has ended leaves its result in place until read
             module.fail_json(msg=f"the background job's results file {path} is gone (another run took it, or a"
                                  " reboot): its result is unknown; run again", finished=True)
-        module.exit_json(changed=False, finished=False, line=line or "running (no progress reported yet)",
+        module.exit_json(changed=False, finished=False, line=line or "started (no progress reported yet)",
                          lines=lines, result={})
         return
     kept = {k: data[k] for k in p["keep"] if k in data}

@@ -15,6 +15,8 @@ round and prints ``describe(doc)``. Keys of a progress document (all optional bu
   resumed_bytes, resumed_files, resumed_partial   what was already there at the start
   cached          files found unchanged since their last verified hash (not hashed)
   elapsed         seconds since the work started
+  updated         when the document was written (epoch seconds; an older one than the
+                  job is a previous run's and is not shown)
   nothing_to_do   every file was in place already
 """
 
@@ -57,6 +59,8 @@ def describe(doc: dict[str, Any]) -> str:
     files_total = int(doc.get("files_total") or 0)
     files_done = int(doc.get("files_done") or 0)
     rate = float(doc.get("rate") or 0.0)
+    if not total and not files_total and not doc.get("done"):
+        return f"{what}: {doc.get('note') or 'starting'}"
     if doc.get("done") and doc.get("nothing_to_do"):
         text = f"{what}: all {count(files_total, 'file')} ({human_bytes(total)}) in place already"
     elif doc.get("done"):

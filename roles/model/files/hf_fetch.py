@@ -141,7 +141,8 @@ class Progress:
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.WINDOW_S:
             self.samples.popleft()
         t0, b0 = self.samples[0]
-        return {"what": self.repo, "pid": os.getpid(), "done": self.done, "elapsed": time.time() - self.started,
+        return {"what": self.repo, "pid": os.getpid(), "done": self.done, "updated": time.time(),
+                "elapsed": time.time() - self.started,
                 "files_done": complete, "files_total": len(self.entries), "bytes_done": present,
                 "bytes_total": sum(int(e["size"]) for e in self.entries),
                 "rate": (present - b0) / (now - t0) if now > t0 else 0.0, "current": in_flight,

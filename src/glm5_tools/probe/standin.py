@@ -30,6 +30,15 @@ has requests to spread and to hold in flight, and counts them in vLLM's gauge
 ``vllm:num_requests_running`` on /metrics (what a drain waits on). Its non-streamed
 completions say ``owned_by`` and ``model`` so the correctness checks know to skip.
 
+Its start-up speaks as vLLM 0.20.2's does (the texts of vLLM's own log lines, with
+vLLM's prefix and made-up figures): loading the model, the weights loaded, the KV cache
+sized, CUDA graphs captured, the engine and the API server up, "Application startup
+complete." (``startup_lines``), so that the readiness waits' phase reports are tested on
+the real texts. GLM5_STANDIN_PHASE_S (default 0) waits that many seconds between phases
+(a start-up long enough for several progress rounds). GLM5_STANDIN_FAIL=kv_cache stops
+the start-up as vLLM does when the KV cache does not fit: its error lines, exit status 1;
+under a unit with Restart=on-failure that is a crash loop.
+
 Standard library only; a single file, copied to the host as it is.
 """
 
@@ -442,9 +451,70 @@ def make_handler(
     return Handler
 
 
+def _vllm_line(process: str, level: str, where: str, message: str) -> str:
+    """A line as vLLM 0.20.2 prints it: (process pid=N) LEVEL MM-DD HH:MM:SS [file:line] message."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    return f"({process} pid={os.getpid()}) {level} {stamp} [{where}] {message}"
+
+
+def startup_lines(args: argparse.Namespace, fail: str = "") -> list[tuple[str, bool]]:
+    """vLLM's start-up, phase by phase: (line, a phase ends here). With ``fail=kv_cache``
+    it ends in vLLM's error for a KV cache that does not fit (the figures are made up)."""
+    engine, api = "EngineCore_DP0", "APIServer"
+    url = f"http://{args.host}:{args.port}"
+    lines: list[tuple[str, bool]] = [
+        (_vllm_line(engine, "INFO", "gpu_model_runner.py:4778", f"Starting to load model {args.model}..."), True),
+        (_vllm_line(engine, "INFO", "gpu_model_runner.py:4880",
+                    "Model loading took 47.31 GiB memory and 312.504121 seconds"), True),
+        (_vllm_line(engine, "INFO", "gpu_worker.py:441", "Available KV cache memory: 31.2 GiB"), True),
+    ]
+    if fail == "kv_cache":
+        needed = (f"To serve at least one request with the models's max seq len ({args.max_model_len}), (48.6 GiB"
+                  " KV cache is needed, which is larger than the available KV cache memory (31.2 GiB). Based on"
+                  " the available memory, the estimated maximum model length is 130048. Try increasing"
+                  " `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See"
+                  " https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+        for text in ("EngineCore failed to start.", "Traceback (most recent call last):",
+                     f"ValueError: {needed}"):
+            lines.append((_vllm_line(engine, "ERROR", "core.py:1136", text), False))
+        lines.append((_vllm_line(api, "ERROR", "api_server.py:100", "RuntimeError: Engine core initialization"
+                                 " failed. See root cause above. Failed core proc(s): {}"), False))
+        return lines
+    lines += [
+        (_vllm_line(engine, "INFO", "kv_cache_utils.py:1708", "GPU KV cache size: 1,020,928 tokens"), False),
+        (_vllm_line(engine, "INFO", "kv_cache_utils.py:1710",
+                    f"Maximum concurrency for {args.max_model_len:,} tokens per request: 5.04x"), True),
+        (_vllm_line(engine, "INFO", "gpu_model_runner.py:6195",
+                    "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%| 67/67"), True),
+        (_vllm_line(engine, "INFO", "gpu_model_runner.py:6134", "Graph capturing finished in 14 secs, took 0.84 GiB"),
+         False),
+        (_vllm_line(engine, "INFO", "core.py:307", "init engine (profile, create kv cache, warmup model) took 96.41 s"),
+         True),
+        (_vllm_line(api, "INFO", "api_server.py:602", f"Starting vLLM server on {url}"), False),
+        (f"({api} pid={os.getpid()}) INFO:     Started server process [{os.getpid()}]", False),
+        (f"({api} pid={os.getpid()}) INFO:     Waiting for application startup.", False),
+        (f"({api} pid={os.getpid()}) INFO:     Application startup complete.", False),
+    ]
+    return lines
+
+
+def start_up(args: argparse.Namespace) -> None:
+    """Prints vLLM's start-up lines, GLM5_STANDIN_PHASE_S seconds apart; exits 1 where
+    GLM5_STANDIN_FAIL makes the start-up fail."""
+    pause = _env_float("GLM5_STANDIN_PHASE_S", 0.0)
+    fail = os.environ.get("GLM5_STANDIN_FAIL", "")
+    for line, phase_ends in startup_lines(args, fail):
+        print(line, flush=True)
+        if phase_ends and pause > 0:
+            time.sleep(pause)
+    if fail:
+        raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     run_checks(args)
+    start_up(args)
     names = args.served_model_name or [args.model or OWNER]
     latency_s = int(os.environ.get("VLLM_PROBE_STANDIN_LATENCY_MS") or 0) / 1000
     server = ThreadingHTTPServer(
