@@ -33,7 +33,7 @@ READERS = {"set_fact", "assert", "debug", "include_tasks", "import_tasks", "incl
            "slurp", "uri", "fail", "meta", "validate_argument_spec", "setup", "include_vars", "find", "wait_for",
            "package_facts", "pause", "async_status", "getent", "fetch", "service_facts", "x509_certificate_info",
            "glm5_tree_state", "glm5_model_layout", "glm5_port_owner", "glm5_offline_bundle", "glm5_run_inputs",
-           "glm5_model_verify", "script"}
+           "glm5_model_verify", "script", "glm5_job_progress", "glm5_unit_wait"}
 # Paths that cannot be resolved from defaults (loop items, registered results) and why
 # the probe covers them: "<role>: <task name>" -> reason.
 UNRESOLVED = {
@@ -65,7 +65,7 @@ CHANGERS = {
     "flash_attn: Record the build": "files:/var/lib/glm5 (the build record)",
     "flash_attn: Install the wheel into the venv": "files:/opt (the venv)",
     "vllm_patches: Apply or reverse the patch set (all or nothing)": "files:/opt (the venv's vLLM)",
-    "model: Fetch the GGUF shards and the base files (huggingface_hub, resumable)": "files:/srv (glm5_model_dir; "
+    "model: Fetch the repository in the background (huggingface_hub, resumable)": "files:/srv (glm5_model_dir; "
     "another value is a setting, hence a root of its own)",
     "gpu_tuning: Update GRUB for gpu_tuning": "files:/boot (grub/ is replaced by update-grub)",
     "vllm_service: Parse the ExecStart arguments with the installed vLLM's parser": "reads only; its stamp file is "
