@@ -77,7 +77,7 @@ RETURN = r"""
 ready: {description: The URL answered as required., type: bool, returned: always}
 line: {description: What the round saw, in one line., type: str, returned: always}
 phase: {description: The start-up phase reached ("" before the first)., type: str, returned: always}
-elapsed: {description: Seconds since the unit started (since the wait began when unknown)., type: float, returned: always}
+elapsed: {description: Seconds since the unit started (else since the wait began)., type: float, returned: always}
 state: {description: To pass to the next round., type: dict, returned: always}
 """
 
@@ -109,6 +109,13 @@ def failure(show: dict[str, str], baseline: int) -> str:
     if restarts > baseline:
         return f"was restarted {restarts - baseline} time(s) by systemd since the wait began (it crashed)"
     return ""
+
+
+def exit_text(show: dict[str, str]) -> str:
+    """How the main process ended (ExecMainCode is a CLD_* code: 1 exited, 2 killed, 3 dumped)."""
+    code, status = show.get("ExecMainCode", ""), show.get("ExecMainStatus", "?")
+    return {"1": f"exited with status {status}", "2": f"was killed by signal {status}",
+            "3": f"dumped core (signal {status})"}.get(code, "has not ended")
 
 
 def journal(args: list[str]) -> list[str]:
@@ -215,8 +222,8 @@ def main() -> None:
             during = f", while {state['phase']}" if state["phase"] else ""
             last = error_lines(unit, invocation, state["began"], p["error_lines"])
             module.fail_json(
-                msg=(f"{unit} {why}, {human_seconds(elapsed)} after it started{during}; exit"
-                     f" {show.get('ExecMainCode', '?')}/{show.get('ExecMainStatus', '?')}. Its last error lines:\n"
+                msg=(f"{unit} {why}, {human_seconds(elapsed)} after it started{during}; its main process"
+                     f" {exit_text(show)}. Its last error lines:\n"
                      + "\n".join(last) + f"\n(the whole log: journalctl -u {unit})"),
                 ready=False, phase=state["phase"], elapsed=elapsed, state=state, error_lines=last)
         ready, answer = probe(p["url"], p["json_equals"])
