@@ -18,7 +18,7 @@ def run_module(role: str, module: str, args: dict[str, Any], check: bool = False
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_CACHE_PLUGIN="memory",
-               ANSIBLE_MODULE_UTILS=str(ROOT / "roles" / "glm5" / "module_utils"))
+               ANSIBLE_MODULE_UTILS=":".join(str(p) for p in sorted((ROOT / "roles").glob("*/module_utils"))))
     cmd = [str(ROOT / ".venv" / "bin" / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
            "-e", f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
            "-M", str(ROOT / "roles" / role / "library"), "-m", module, "-a", json.dumps(args)]

@@ -31,9 +31,8 @@ def load_file(path: Path | str, name: str | None = None) -> ModuleType:
 
 def load_role_module(path: Path | str) -> ModuleType:
     """A module of a role's library/ (relative to the repository root or absolute), with
-    role glm5's module_utils importable as Ansible ships them (ansible.module_utils.*)."""
-    utils = ROOT / "roles" / "glm5" / "module_utils"
-    for util in sorted(utils.glob("*.py")):
+    the roles' module_utils importable as Ansible ships them (ansible.module_utils.*)."""
+    for util in sorted((ROOT / "roles").glob("*/module_utils/*.py")):
         name = f"ansible.module_utils.{util.stem}"
         if name not in sys.modules:
             load_file(util, name)

@@ -67,6 +67,9 @@ CHANGERS = {
     "vllm_patches: Apply or reverse the patch set (all or nothing)": "files:/opt (the venv's vLLM)",
     "model: Fetch the repository in the background (huggingface_hub, resumable)": "files:/srv (glm5_model_dir; "
     "another value is a setting, hence a root of its own)",
+    "model: Copy the model files from the local directory (in the background)": "files:/srv (glm5_model_dir; "
+    "another value is a setting, hence a root of its own)",
+    "model: Find what to copy from the local directory": "reads only (plan_only: true)",
     "gpu_tuning: Update GRUB for gpu_tuning": "files:/boot (grub/ is replaced by update-grub)",
     "vllm_service: Parse the ExecStart arguments with the installed vLLM's parser": "reads only; its stamp file is "
     "a copy task under /etc",

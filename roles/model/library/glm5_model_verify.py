@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glm5_model_manifest import leaves_root, parse_manifest
 from ansible.module_utils.glm5_progress import count, describe, human_bytes, human_seconds, write_atomic
 
 DOCUMENTATION = r"""
@@ -87,25 +88,6 @@ progress: {description: The last progress line (when files were hashed)., type: 
 CHUNK = 16 << 20
 CACHE_FORMAT = 1
 STAT_KEYS = ("size", "mtime_ns", "ctime_ns", "ino", "dev")
-
-
-def parse_manifest(text: str) -> list[dict[str, Any]]:
-    """Entries {path, size, sha256} from sha256sum lines or a JSON list."""
-    stripped = text.strip()
-    if stripped.startswith("["):
-        entries = json.loads(stripped)
-        return [
-            {"path": str(e["path"]), "size": e.get("size"), "sha256": e.get("sha256")}
-            for e in entries
-        ]
-    out = []
-    for line in stripped.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        digest, _, name = line.partition(" ")
-        out.append({"path": name.strip().lstrip("*"), "size": None, "sha256": digest.lower()})
-    return out
 
 
 def stat_key(st: os.stat_result) -> dict[str, int]:
@@ -188,7 +170,7 @@ def plan(
     kept: dict[str, dict[str, Any]] = {}
     total = 0
     for root, rel, entry in items:
-        if rel.startswith("/") or ".." in Path(rel).parts:
+        if leaves_root(rel):
             errors.append(f"{rel}: path leaves the model directory")
             continue
         path = root / rel
@@ -244,7 +226,7 @@ def main() -> None:
     old = load_cache(cache_path)
     on_mismatch = p["on_mismatch"]
     errors, to_hash, kept, wrong_size, total = plan(items, old, on_mismatch)
-    hint = f" {p['hint']}" if p["hint"] else ""
+    hint = f". {p['hint']}" if p["hint"] else ""
     if errors:
         module.fail_json(msg="model files do not match the manifest: " + "; ".join(errors[:20]) + hint)
     result: dict[str, Any] = {"files": len(items), "bytes": total, "cached": len(kept), "hashed": [],
