@@ -131,8 +131,8 @@ def main() -> None:
         if not path.exists():  # a job that has ended leaves its result in place until read
             module.fail_json(msg=f"the background job's results file {path} is gone (another run took it, or a"
                                  " reboot): its result is unknown; run again", finished=True)
-        module.exit_json(changed=False, finished=False, line=line or "started (no progress reported yet)",
-                         lines=lines, result={})
+        quiet = f"running, nothing in {p['log']} yet" if p["log"] else "started (no progress reported yet)"
+        module.exit_json(changed=False, finished=False, line=line or quiet, lines=lines, result={})
         return
     kept = {k: data[k] for k in p["keep"] if k in data}
     path.unlink(missing_ok=True)
