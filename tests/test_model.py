@@ -6,6 +6,8 @@ import json
 import os
 import re
 
+from conftest import ansible_var
+
 MODEL_DIR = os.environ.get("GLM5_MODEL_DIR", "/srv/models/glm-5")
 SHARD = re.compile(r"-(\d+)-of-(\d+)\.gguf$")
 
@@ -40,14 +42,27 @@ def test_base_files_present(host):
 
 
 def test_files_verified_against_manifest(host):
-    stamps = host.run(f"find {MODEL_DIR} -maxdepth 2 -name .glm5-verified.json").stdout.split()
-    assert stamps, "role model recorded no verification"
-    verified: set[str] = set()
-    for stamp in stamps:
-        verified |= set(json.loads(host.file(stamp).content_string))
+    """Role model's stat cache of verified hashes (root only) vouches for every shard with
+    the sha256 its manifest names, and for the shard as it is on the disk now (size,
+    mtime, ctime, inode): a shard changed since its last verification fails here."""
+    state = ansible_var(host, "model_state_dir", "/var/lib/glm5/model") or "/var/lib/glm5/model"
+    cache = host.file(f"{state}/verified.json")
+    assert cache.exists, "role model recorded no verification"
+    assert cache.user == "root" and cache.mode & 0o077 == 0
+    files = json.loads(cache.content_string)["files"]
+    manifests = {}
+    for sub in ("gguf", "base"):
+        path = host.file(f"{MODEL_DIR}/{sub}/.glm5-manifest.json")
+        if path.exists:
+            manifests.update({f"{MODEL_DIR}/{sub}/{e['path']}": e["sha256"] for e in json.loads(path.content_string)})
     for f in _ggufs(host):
-        rel = f[len(MODEL_DIR) + 1:]
-        assert rel in verified or rel.split("/", 1)[1] in verified, f
+        entry = files.get(f)
+        assert entry, f"{f} is not recorded as verified"
+        if f in manifests:
+            assert entry["sha256"] == manifests[f]
+        st = host.run(f"stat -c '%s %Y %Z %i' {f}").stdout.split()
+        assert [str(entry["size"]), str(entry["mtime_ns"] // 10**9), str(entry["ctime_ns"] // 10**9),
+                str(entry["ino"])] == st, f"{f} changed since it was verified"
 
 
 def test_service_uses_first_shard(host):
