@@ -113,9 +113,9 @@ class Fetched:
     stderr: str
 
 
-def run_fetch(hub: Hub, tmp_path: Path, repo: str, local: Path, *, token: str | None = TOKEN,
-              headroom: int = 0) -> Fetched:
-    """roles/model/files/hf_fetch.py as role model runs it (tasks/hub.yml)."""
+def fetch_command(hub: Hub, tmp_path: Path, repo: str, local: Path, *, token: str | None = TOKEN,
+                  headroom: int = 0, extra: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of roles/model/files/hf_fetch.py as role model runs it."""
     local.mkdir(parents=True, exist_ok=True)
     patterns = GGUF_PATTERNS if repo == GGUF_REPO else BASE_PATTERNS
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
@@ -123,11 +123,17 @@ def run_fetch(hub: Hub, tmp_path: Path, repo: str, local: Path, *, token: str | 
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     if token is not None:
         env["HF_TOKEN"] = token
-    proc = subprocess.run(
-        [sys.executable, str(HF_FETCH), "--repo", repo, "--revision", "main", "--local-dir", str(local),
-         "--manifest", str(local / ".glm5-manifest.json"), "--headroom", str(headroom),
-         "--allow-patterns", json.dumps(patterns)],
-        env=env, capture_output=True, text=True, timeout=300, check=False)
+    cmd = [sys.executable, str(HF_FETCH), "--repo", repo, "--revision", "main", "--local-dir", str(local),
+           "--manifest", str(local / ".glm5-manifest.json"), "--headroom", str(headroom),
+           "--allow-patterns", json.dumps(patterns), *(extra or [])]
+    return cmd, env
+
+
+def run_fetch(hub: Hub, tmp_path: Path, repo: str, local: Path, *, token: str | None = TOKEN,
+              headroom: int = 0, extra: list[str] | None = None) -> Fetched:
+    """roles/model/files/hf_fetch.py as role model runs it (tasks/hub_fetch.yml)."""
+    cmd, env = fetch_command(hub, tmp_path, repo, local, token=token, headroom=headroom, extra=extra)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, f"hf_fetch.py must print one line, printed: {proc.stdout!r} (stderr {proc.stderr})"
     return Fetched(proc.returncode, json.loads(lines[0]), proc.stdout, proc.stderr)

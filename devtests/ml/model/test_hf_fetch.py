@@ -6,13 +6,16 @@ file corrupted afterwards. Run: PYTHONPATH=src .venv-ml/bin/python -m pytest dev
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 from adhoc import run_module
-from conftest import ABORT_AT, BASE_REPO, GGUF_REPO, QUANT, TOKEN, Hub, run_fetch
+from conftest import ABORT_AT, BASE_REPO, GGUF_REPO, QUANT, TOKEN, Hub, fetch_command, run_fetch
 
 
 def _sha256(path: Path) -> str:
@@ -151,3 +154,59 @@ def test_verify_detects_a_corrupted_file_afterwards(hub: Hub, tmp_path: Path) ->
     config.write_text(config.read_text().replace("{", "[", 1))  # a small (git) file
     bad = _verify(base)
     assert bad["failed"] and "config.json: sha256" in bad["out"]
+
+
+def test_a_second_fetch_waits_for_the_first_then_finds_its_files(hub: Hub, tmp_path: Path) -> None:
+    """One fetch at a time per directory (--lock): a rerun while the fetch of a killed run
+    still goes on waits for it instead of writing the same files beside it. The first one's
+    progress document says how far it is while the second waits; its token came from a
+    file that it removed once read."""
+    hub.hub.blob_seconds = 4.0
+    local, state = tmp_path / "model" / "gguf", tmp_path / "state"
+    state.mkdir()
+    token_file = state / "hf-token"
+    token_file.write_text(TOKEN)
+    lock, progress = state / "fetch.lock", state / "fetch.json"
+    common = ["--lock", str(lock), "--progress", str(progress), "--interval", "0.5"]
+    cmd, env = fetch_command(hub, tmp_path, GGUF_REPO, local, token=None,
+                             extra=[*common, "--token-file", str(token_file)])
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (lock.exists() and lock.read_text().strip()):
+            time.sleep(0.1)
+        assert lock.read_text().strip() == str(first.pid)
+        assert not token_file.exists(), "the token file stays on the disk"
+        second = run_fetch(hub, tmp_path, GGUF_REPO, local, extra=common)
+        assert first.wait(60) == 0
+    finally:
+        first.kill()
+    assert json.loads(first.stdout.read() if first.stdout else "{}")["downloaded"] == 2
+    assert second.rc == 0 and second.result["downloaded"] == 0 and second.result["changed"] is False
+    assert len(hub.requests("GET", "/_blobs/")) == 2, "each shard is downloaded once"
+    doc = json.loads(progress.read_text())
+    assert doc["done"] is True and doc["files_done"] == doc["files_total"] == 2
+    assert doc["bytes_done"] == doc["bytes_total"] and doc.get("nothing_to_do") is True
+
+
+def test_progress_document_while_a_shard_comes_in(hub: Hub, tmp_path: Path) -> None:
+    hub.hub.blob_seconds = 6.0
+    local, progress = tmp_path / "model" / "gguf", tmp_path / "fetch.json"
+    cmd, env = fetch_command(hub, tmp_path, GGUF_REPO, local, extra=["--progress", str(progress), "--interval", "0.3"])
+    run = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    seen: list[dict] = []
+    try:
+        while run.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                seen.append(json.loads(progress.read_text()))
+            time.sleep(0.3)
+    finally:
+        run.kill()
+    assert run.returncode == 0
+    moving = [d for d in seen if 0 < d.get("bytes_done", 0) < d.get("bytes_total", 0)]
+    assert moving, seen[-3:]
+    mid = moving[len(moving) // 2]
+    assert mid["what"] == GGUF_REPO and mid["files_total"] == 2 and mid["current"]
+    assert mid["current"][0]["path"].startswith(f"{QUANT}/") and mid["current"][0]["bytes"] > 0
+    assert mid["rate"] > 0 and mid["resumed_bytes"] == 0
+    assert [d["bytes_done"] for d in moving] == sorted(d["bytes_done"] for d in moving)
