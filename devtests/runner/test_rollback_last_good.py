@@ -174,6 +174,7 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     assert "ValueError: To serve at least one request with the models's max seq len" in message
     assert "EngineCore failed to start." in message
     assert 0 <= crash_to_failure < 30, f"the run failed {crash_to_failure:.1f} s after the crash"
+    print(f"crash loop: the run failed {crash_to_failure:.1f} s after the unit's crash")  # shown with -s
     port_vars = {**SERVICE_VARS, "glm5_api_port": 8123}
     g2 = run("playbooks/service.yml", port_vars)
     assert g2.rc == 0, _message(g2) if g2.rc else ""
