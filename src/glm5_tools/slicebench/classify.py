@@ -163,18 +163,17 @@ def classify_events(events: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [c for c, _ in CLASSES] + [OTHER, MEMCPY] + [PHASE_ROWS[p] for p in PHASES if p in PHASE_ROWS] + [IDLE]
     extra = sorted({r for s in active for r in s.by_row} - set(rows))
     rows += extra
-    out_steps = [{"index": s.index, "cycle_ms": s.cycle_us / 1e3, "busy_ms": s.busy_us / 1e3,
-                  "ms": {r: s.by_row.get(r, 0.0) / 1e3 for r in rows}} for s in active]
     # the last step has no next step: its cycle is its GPU span only; leave it out of the
     # median when there are others
-    body = out_steps[:-1] if len(out_steps) > 1 else out_steps
-    median = {r: statistics.median(st["ms"][r] for st in body) for r in rows} if body else {}
+    body = active[:-1] if len(active) > 1 else active
+    median = {r: statistics.median(s.by_row.get(r, 0.0) / 1e3 for s in body) for r in rows} if body else {}
     return {
-        "steps": out_steps,
+        "steps": [{"index": s.index, "cycle_ms": s.cycle_us / 1e3, "busy_ms": s.busy_us / 1e3,
+                   "ms": {r: s.by_row.get(r, 0.0) / 1e3 for r in rows}} for s in active],
         "rows": rows,
         "median_ms": median,
-        "median_cycle_ms": statistics.median(st["cycle_ms"] for st in body) if body else 0.0,
-        "median_busy_ms": statistics.median(st["busy_ms"] for st in body) if body else 0.0,
+        "median_cycle_ms": statistics.median(s.cycle_us / 1e3 for s in body) if body else 0.0,
+        "median_busy_ms": statistics.median(s.busy_us / 1e3 for s in body) if body else 0.0,
         "kernels": kernels,
         "unmatched": dict(sorted(unmatched.items(), key=lambda kv: -kv[1])[:20]),
     }

@@ -20,6 +20,7 @@ then). State lives in ``$GLM5_STANDIN_DIR`` (default /run/glm5-standin): NAME.js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -126,10 +127,8 @@ def stop(unit: str, timeout: float = STOP_TIMEOUT_S) -> int:
 
 
 def with_signal(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def show(unit: str) -> str:
