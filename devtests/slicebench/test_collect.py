@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trace_maker as tm
 
 from glm5_tools.slicebench.__main__ import main
@@ -16,7 +17,7 @@ def _point(pid: str, kind: str, inp: int, conc: int, **fig: float) -> dict:
             "num_prompts": 2, "figures": fig}
 
 
-def _run_dir(tmp_path: Path) -> Path:
+def _run_dir(tmp_path: Path, side_by_side: bool = True) -> Path:
     run = tmp_path / "results" / "vllm-mtp0" / "bench-full+llama" / "slice" / "20261207T050000Z"
     run.mkdir(parents=True)
     points = [_point("sweep-in1024-out128-c1", "concurrency", 1024, 1, tokens_per_user=40.0, output_throughput=39.0,
@@ -25,13 +26,20 @@ def _run_dir(tmp_path: Path) -> Path:
               _point("context-in65536-out128-c1", "context", 65536, 1, p50_tpot_ms=30.5),
               _point("prefill-in8192-out1-c1", "prefill", 8192, 1, prefill_throughput=7000.0)]
     llama = [dict(p, figures={"output_throughput": p["figures"].get("output_throughput", 1.0) / 3}) for p in points]
-    (run / "summary.json").write_text(json.dumps({"run": run.name, "points": points, "llama_cpp": llama,
+    (run / "summary.json").write_text(json.dumps({"run": run.name, "points": points,
+                                                  "llama_cpp": llama if side_by_side else [],
                                                   "server": {}, "skipped": []}))
+    if not side_by_side:  # llama.cpp as a bench.yml run of its own (scripts/gpu/run llama:full)
+        own = tmp_path / "results" / "vllm-mtp0" / "llama-full" / "slice" / "20261207T051000Z"
+        own.mkdir(parents=True)
+        (own / "summary.json").write_text(json.dumps({"run": own.name, "points": llama, "llama_cpp": []}))
     return run
 
 
-def test_collect_writes_results_tables_and_the_row(tmp_path: Path, capsys):
-    run = _run_dir(tmp_path)
+@pytest.mark.parametrize("side_by_side", [True, False])
+def test_collect_writes_results_tables_and_the_row(tmp_path: Path, capsys, side_by_side: bool):
+    run = _run_dir(tmp_path, side_by_side)
+    llama = [] if side_by_side else ["--llama-dir", str(next((tmp_path / "results").glob("*/llama-full/slice/*")))]
     manifest = tmp_path / "slice.json"
     manifest.write_text(json.dumps({"layers": 26, "real_layers": 78, "file_bytes": 20_000_000_000,
                                     "recipe": {"config": {"vocab_size": 154880}}}))
@@ -45,7 +53,7 @@ def test_collect_writes_results_tables_and_the_row(tmp_path: Path, capsys):
                                                             "tokens_per_step": tokens}))
     out = tmp_path / "out"
     assert main(["collect", "--slice-manifest", str(manifest), "--machine", str(machine), "--bench-dir", str(run),
-                 "--profile-dir", str(prof), "--variant", "triton", "--commit", "abcdef1234567", "--date",
+                 *llama, "--profile-dir", str(prof), "--variant", "triton", "--commit", "abcdef1234567", "--date",
                  "2026-12-07", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["profile"]) == {"decode-c1", "decode-c64", "prefill"}

@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     co.add_argument("--slice-manifest", type=Path, required=True)
     co.add_argument("--machine", type=Path, required=True)
     co.add_argument("--bench-dir", type=Path, action="append", default=[])
+    co.add_argument("--llama-dir", type=Path, action="append", default=[],
+                    help="a bench.yml run directory of llama-server at the same points")
     co.add_argument("--profile-dir", type=Path)
     co.add_argument("--variant", required=True)
     co.add_argument("--mtp", type=int, default=0)
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "collect":
         results = collect.collect(slice_manifest=args.slice_manifest, machine=args.machine,
                                   bench_dirs=args.bench_dir, profile_dir=args.profile_dir, variant=args.variant,
-                                  mtp=args.mtp, commit=args.commit, date=args.date)
+                                  mtp=args.mtp, commit=args.commit, date=args.date,
+                                  llama_dirs=args.llama_dir)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
         if results["profile"]:

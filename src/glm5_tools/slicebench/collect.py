@@ -3,9 +3,10 @@
 Reads what the GPU-machine steps left (scripts/gpu/run): the slice's manifest (layers),
 the machine file (card, measured copy bandwidth), bench.yml's run directories
 (``summary.json``: the points' figures, the server's /metrics view, llama.cpp's points of
-the side-by-side) and the profiler captures (``<capture>/trace.json.gz`` + ``meta.json``,
-classified here), and writes results.json (everything, the projection included),
-profile.md (ms per step by class) and row.md (the table row).
+the side-by-side, or llama.cpp's own bench.yml runs at the same points) and the profiler
+captures (``<capture>/trace.json.gz`` + ``meta.json``, classified here), and writes
+results.json (everything, the projection included), profile.md (ms per step by class)
+and row.md (the table row).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def load_profile(prof_dir: Path, vocab: int) -> dict[str, Any]:
 
 
 def collect(*, slice_manifest: Path, machine: Path, bench_dirs: list[Path], profile_dir: Path | None,
-            variant: str, mtp: int, commit: str, date: str) -> dict[str, Any]:
+            variant: str, mtp: int, commit: str, date: str, llama_dirs: list[Path] | None = None) -> dict[str, Any]:
     manifest = json.loads(slice_manifest.read_text())
     cfg = manifest["recipe"]["config"]
     results: dict[str, Any] = {
@@ -47,6 +48,8 @@ def collect(*, slice_manifest: Path, machine: Path, bench_dirs: list[Path], prof
         "slice_bytes": manifest["file_bytes"],
         "device": json.loads(machine.read_text()),
         "bench": [load_bench(d) for d in bench_dirs],
+        # llama.cpp's llama-server on the same GGUF and points, as a bench.yml run of its own
+        "llama_cpp": [load_bench(d) for d in llama_dirs or []],
         "profile": load_profile(profile_dir, cfg["vocab_size"]) if profile_dir and profile_dir.is_dir() else {},
     }
     if results["profile"]:
@@ -63,8 +66,13 @@ def _point(results: dict[str, Any], **want: Any) -> dict[str, Any] | None:
 
 
 def _llama_point(results: dict[str, Any], pid: str) -> dict[str, Any] | None:
+    """llama.cpp's figures at a point: role bench's side-by-side, else a run of its own."""
     for bench in results["bench"]:
         for p in bench["llama_cpp"]:
+            if p.get("id") == pid:
+                return dict(p)
+    for bench in results.get("llama_cpp", []):
+        for p in bench["points"]:
             if p.get("id") == pid:
                 return dict(p)
     return None
