@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -35,6 +36,17 @@ def _free_port() -> int:
 
 
 def test_serve_bench_collect_stop(tmp_path: Path):
+    # the unit's cache directory (role vllm_service's), which the stand-in writes to
+    cache = Path("/var/cache/vllm-glm-5")
+    cache_was_there = cache.exists()
+    try:
+        _serve_bench_collect_stop(tmp_path)
+    finally:
+        if not cache_was_there:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def _serve_bench_collect_stop(tmp_path: Path) -> None:
     slice_dir = tmp_path / "slice"
     sl.make(slice_dir, 1, dense_layers=0, experts=8, vocab_size=1024, jobs=2)
     g = tmp_path / "gpu"
