@@ -29,7 +29,7 @@ def _run_dir(tmp_path: Path, side_by_side: bool = True) -> Path:
     (run / "summary.json").write_text(json.dumps({"run": run.name, "points": points,
                                                   "llama_cpp": llama if side_by_side else [],
                                                   "server": {}, "skipped": []}))
-    if not side_by_side:  # llama.cpp as a bench.yml run of its own (scripts/gpu/run llama:full)
+    if not side_by_side:  # llama.cpp as a bench.yml run of its own (tools/gpu/run llama:full)
         own = tmp_path / "results" / "vllm-mtp0" / "llama-full" / "slice" / "20261207T051000Z"
         own.mkdir(parents=True)
         (own / "summary.json").write_text(json.dumps({"run": own.name, "points": llama, "llama_cpp": []}))

@@ -15,7 +15,7 @@ import pytest
 from glm5_tools.slicebench import standin
 
 REPO = Path(__file__).resolve().parents[2]
-SHIMS = REPO / "scripts" / "gpu" / "standin"
+SHIMS = REPO / "tools" / "gpu" / "standin"
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 

@@ -1,10 +1,10 @@
-"""scripts/gpu/run on this machine, without a GPU: the serving and measuring steps that do
+"""tools/gpu/run on this machine, without a GPU: the serving and measuring steps that do
 not need one, end to end.
 
 The ml-env's `vllm serve` is the project's vllm_probe_standin (TEST DOUBLE: no GPU here;
 its figures measure the double) and nvidia-smi a double answering an H100's memory;
 everything else is what the GPU machine runs: the command line rendered with role
-vllm_service's template and the context bound of its filter (scripts/gpu/render.yml),
+vllm_service's template and the context bound of its filter (tools/gpu/render.yml),
 the unit started by the systemctl stand-in, playbooks/bench.yml over a local connection
 driving the real `vllm bench serve` of vLLM 0.20.2, the report, collect and the table row,
 and the unit stopped. Minutes on the 2-core machine, so it runs only when asked
@@ -68,7 +68,7 @@ exec {REPO}/.venv-ml/bin/vllm "$@"
     env = dict(os.environ, GPU_ROOT=str(g), GPU_PYTHON=str(REPO / ".venv" / "bin" / "python"),
                SLICE_DIR=str(slice_dir), SLICE_PORT=str(_free_port()), OUT=str(out), BUDGET_S="3000",
                PATH=f"{fake}:{os.environ['PATH']}")
-    proc = subprocess.run([str(REPO / "scripts" / "gpu" / "run"), "serve:vllm", "bench:quick", "collect", "stop"],
+    proc = subprocess.run([str(REPO / "tools" / "gpu" / "run"), "serve:vllm", "bench:quick", "collect", "stop"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     cmdline = (g / "results" / "vllm-mtp0" / "cmdline.sh").read_text()

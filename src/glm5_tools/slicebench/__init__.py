@@ -1,6 +1,6 @@
 """The serving slice measured on one GPU: one TP-8 rank of GLM-5 served as the unit serves it.
 
-docs/validation/serving-slice.md says how it runs (scripts/gpu/). Modules:
+docs/validation/serving-slice.md says how it runs (tools/gpu/). Modules:
 
 - ``payload``: the lock's pins (with hashes) of what the GPU machine must be carried.
 - ``standin``: a stand-in for ``systemctl`` / ``systemd-run`` (test double: the GPU

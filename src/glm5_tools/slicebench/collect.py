@@ -1,6 +1,6 @@
 """One run of the serving slice as results.json and a row of docs/validation/serving-slice.md.
 
-Reads what the GPU-machine steps left (scripts/gpu/run): the slice's manifest (layers),
+Reads what the GPU-machine steps left (tools/gpu/run): the slice's manifest (layers),
 the machine file (card, measured copy bandwidth), bench.yml's run directories
 (``summary.json``: the points' figures, the server's /metrics view, llama.cpp's points of
 the side-by-side, or llama.cpp's own bench.yml runs at the same points) and the profiler

@@ -3,7 +3,7 @@
 ``pins(lock, names, python)``: for each name, the ``name==version --hash=...`` line of a
 uv-compiled lock (``--universal --generate-hashes``) whose environment marker holds for
 CPython ``python`` on x86-64 Linux, so that ``pip download --require-hashes`` fetches
-exactly the locked files for the GPU machine (scripts/gpu/pack).
+exactly the locked files for the GPU machine (tools/gpu/pack).
 """
 
 from __future__ import annotations

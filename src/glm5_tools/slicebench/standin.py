@@ -5,7 +5,7 @@ TEST DOUBLE at a boundary the GPU validation machine cannot provide: it runs Ubu
 reads ``systemctl is-active`` of the service's unit before it sends load, and its
 llama.cpp side-by-side stops the unit, starts ``llama-server`` with ``systemd-run`` and
 starts the unit again (``ansible.builtin.systemd_service``, which reads ``systemctl
-show``). scripts/gpu/standin/ puts this first on PATH there, so the playbook runs
+show``). tools/gpu/standin/ puts this first on PATH there, so the playbook runs
 unchanged; nothing of the product uses it.
 
 A unit is a registered command: ``register NAME --log FILE -- ARGV...`` (the serving
