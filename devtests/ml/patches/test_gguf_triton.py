@@ -97,12 +97,14 @@ def _with_env(code: str, value: str | None) -> str:
 
 
 def test_cpu_tensors_keep_vllms_ops_and_uncovered_types_are_named() -> None:
-    """On CPU tensors the Triton path is never taken (the CPU whole-model check replaces
-    vLLM's ops there); an IQ type is named at load, a covered or float type is not."""
+    """triton mode: on CPU tensors the Triton path is never taken (the CPU whole-model
+    check replaces vLLM's ops there); an IQ type is named at load, a covered or float
+    type is not."""
     import conftest
 
     code = """
-import logging, torch
+import logging, os, torch
+os.environ["GLM5_GGUF_KERNELS"] = "triton"
 import vllm.model_executor.layers.quantization.gguf as g
 assert g._triton_covers(torch.empty(1, 256), 12) is False
 records = []
