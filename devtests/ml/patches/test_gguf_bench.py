@@ -43,8 +43,9 @@ def test_every_candidate_launches_at_the_real_shapes() -> None:
     """Each candidate of each step size goes through gguf_linear / gguf_moe with the
     per-rank shapes (launches recorded by sm_check's recorder, not run)."""
     import torch
-    from glm5_tools.sm_check.trace import Recorder, recording
     from vllm.model_executor.layers.quantization import gguf_triton as gt
+
+    from glm5_tools.sm_check.trace import Recorder, recording
 
     gb = bench()
     d = gb.Dims(tp=8)

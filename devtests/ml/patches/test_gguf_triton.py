@@ -15,6 +15,7 @@ load. On the GPU: docs/validation/gguf-kernels.md (real shapes, timings).
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import overlay
@@ -92,7 +93,8 @@ def _mode(stdout: str) -> str:
 
 
 def _with_env(code: str, value: str | None) -> str:
-    set_env = "os.environ.pop('GLM5_GGUF_KERNELS', None)" if value is None else f"os.environ['GLM5_GGUF_KERNELS'] = {value!r}"
+    key = "'GLM5_GGUF_KERNELS'"
+    set_env = f"os.environ.pop({key}, None)" if value is None else f"os.environ[{key}] = {value!r}"
     return f"import os; {set_env}; {code}"
 
 
@@ -118,7 +120,7 @@ print(repr(records))
 """
     proc = overlay.run_in(conftest.PATCHED_SITE, code)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    records = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr of a list of str
+    records = eval(proc.stdout.strip().splitlines()[-1])
     assert records == [
         "GGUF: model.layers.9.self_attn.q_b_proj is IQ2_XXS, which the Triton kernels do not cover: "
         "it runs on vLLM's GGUF kernels"
