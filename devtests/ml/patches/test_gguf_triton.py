@@ -120,7 +120,7 @@ print(repr(records))
 """
     proc = overlay.run_in(conftest.PATCHED_SITE, code)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    records = eval(proc.stdout.strip().splitlines()[-1])
+    records = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
     assert records == [
         "GGUF: model.layers.9.self_attn.q_b_proj is IQ2_XXS, which the Triton kernels do not cover: "
         "it runs on vLLM's GGUF kernels"
