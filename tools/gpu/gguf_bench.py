@@ -290,6 +290,7 @@ class Bench:
     layers: int
     reps: int
     torch: Any = field(repr=False, default=None)
+    read_bw: float = 0.0  # bytes a device-to-device copy moves per second (bandwidth())
 
     def __post_init__(self) -> None:
         import torch
@@ -335,7 +336,7 @@ class Bench:
             b.copy_(a)
             e.record()
             e.synchronize()
-            ts.append(s.elapsed_time(e) / 1e3)
+            ts.append(float(s.elapsed_time(e)) / 1e3)
         del a, b
         # a copy reads and writes each byte: 2 x its size moved; a read-only kernel
         # can move as much, so that is the read floor's bandwidth
@@ -377,7 +378,7 @@ class Bench:
             run()
             b.record()
             b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3 / len(fns))
+            ts.append(float(a.elapsed_time(b)) * 1e3 / len(fns))
         return statistics.median(ts)
 
     def safe_time(self, fns: list[Callable[[], Any]]) -> tuple[float | None, str | None]:
@@ -545,10 +546,12 @@ class Bench:
                     row["floor"] = n * k * 2 / self.read_bw * 1e6
                 else:
                     row["floor"] = wq[0].numel() / self.read_bw * 1e6
+                    assert qt is not None
+                    gq = qt
                     for form in ("dispatch", "mmvq", "mmq", "dequant"):
                         if form == "mmvq" and t > 8:
                             continue
-                        us, err = self.safe_time([partial(self.vllm_linear, xs[j], wq[j], qt, form) for j in range(nl)])
+                        us, err = self.safe_time([partial(self.vllm_linear, xs[j], wq[j], gq, form) for j in range(nl)])
                         row["vllm" if form == "dispatch" else f"vllm_{form}"] = us
                         if err:
                             row[f"vllm_{form}_err"] = err

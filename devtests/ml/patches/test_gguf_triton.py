@@ -15,6 +15,7 @@ load. On the GPU: docs/validation/gguf-kernels.md (real shapes, timings).
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import overlay
@@ -92,17 +93,20 @@ def _mode(stdout: str) -> str:
 
 
 def _with_env(code: str, value: str | None) -> str:
-    set_env = "os.environ.pop('GLM5_GGUF_KERNELS', None)" if value is None else f"os.environ['GLM5_GGUF_KERNELS'] = {value!r}"
+    key = "'GLM5_GGUF_KERNELS'"
+    set_env = f"os.environ.pop({key}, None)" if value is None else f"os.environ[{key}] = {value!r}"
     return f"import os; {set_env}; {code}"
 
 
 def test_cpu_tensors_keep_vllms_ops_and_uncovered_types_are_named() -> None:
-    """On CPU tensors the Triton path is never taken (the CPU whole-model check replaces
-    vLLM's ops there); an IQ type is named at load, a covered or float type is not."""
+    """triton mode: on CPU tensors the Triton path is never taken (the CPU whole-model
+    check replaces vLLM's ops there); an IQ type is named at load, a covered or float
+    type is not."""
     import conftest
 
     code = """
-import logging, torch
+import logging, os, torch
+os.environ["GLM5_GGUF_KERNELS"] = "triton"
 import vllm.model_executor.layers.quantization.gguf as g
 assert g._triton_covers(torch.empty(1, 256), 12) is False
 records = []
@@ -116,7 +120,7 @@ print(repr(records))
 """
     proc = overlay.run_in(conftest.PATCHED_SITE, code)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    records = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr of a list of str
+    records = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
     assert records == [
         "GGUF: model.layers.9.self_attn.q_b_proj is IQ2_XXS, which the Triton kernels do not cover: "
         "it runs on vLLM's GGUF kernels"
