@@ -47,8 +47,8 @@ SERVICE_VARS: dict[str, Any] = {
     # A line a second in the readiness waits (their rounds are what is checked).
     "glm5_progress_interval": 1,
 }
-# The stand-in's start-up phases four seconds apart: several rounds of the wait.
-SLOW_START: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_PHASE_S": "4"}}
+# The stand-in's start-up phases two seconds apart: several rounds of the wait.
+SLOW_START: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_PHASE_S": "2"}}
 # The stand-in stops as vLLM does when the KV cache does not fit: a crash loop under the
 # unit's Restart=on-failure (RestartSec 30 s: the run must fail before the first restart).
 CRASH_LOOP: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_FAIL": "kv_cache"},

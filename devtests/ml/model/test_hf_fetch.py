@@ -75,6 +75,33 @@ def test_second_run_changes_nothing_and_downloads_nothing(hub: Hub, tmp_path: Pa
     assert {p: p.stat().st_mtime_ns for p in local.rglob("*.gguf")} == before
 
 
+def test_a_changed_small_file_is_fetched_again_and_the_manifest_comes_from_the_hub(hub: Hub,
+                                                                                  tmp_path: Path) -> None:
+    """A small (git) file of the same size whose git blob id differs from the hub's is
+    fetched again, and a manifest edited on the disk is written again from the hub's
+    digests: neither is taken from what the disk holds."""
+    local = tmp_path / "model" / "base"
+    assert run_fetch(hub, tmp_path, BASE_REPO, local).rc == 0
+    manifest = local / ".glm5-manifest.json"
+    good_manifest = manifest.read_text()
+    config = local / "config.json"
+    good = config.read_bytes()
+    config.write_bytes(good.replace(b"{", b"[", 1))  # same size, other bytes
+    entries = json.loads(good_manifest)
+    for e in entries:
+        if e["path"] == "config.json":
+            e["sha256"] = _sha256(config)  # the manifest made to vouch for the edited file
+    manifest.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    hub.hub.log.clear()
+    again = run_fetch(hub, tmp_path, BASE_REPO, local)
+    assert again.rc == 0, again.result
+    assert again.result["downloaded"] == 1 and again.result["manifest_written"] is True
+    assert again.result["changed"] is True
+    assert config.read_bytes() == good
+    assert manifest.read_text() == good_manifest
+    assert [e["path"] for e in hub.requests("GET") if e["path"].endswith("/config.json")], hub.hub.log
+
+
 def test_interrupted_download_resumes_with_a_range_request(hub: Hub, tmp_path: Path) -> None:
     hub.hub.abort_first_get = ABORT_AT
     local = tmp_path / "model" / "gguf"

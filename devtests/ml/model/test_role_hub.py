@@ -4,6 +4,7 @@ the ml-env, fetching from fake_hf_hub (a TEST DOUBLE of the Hugging Face Hub).""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -60,6 +61,21 @@ def _messages(proc: subprocess.CompletedProcess[str], task: str) -> list[str]:
             if t["task"]["name"].rpartition(" : ")[2] == task for h in t["hosts"].values()]
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _flip(path: Path) -> None:
+    """One byte flipped in place, the size and mtime put back."""
+    st = path.stat()
+    with path.open("r+b") as fh:
+        fh.seek(st.st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def _stats(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:
     stats: dict[str, int] = json.loads(proc.stdout)["stats"]["localhost"]
     return stats
@@ -96,7 +112,9 @@ def test_sigkill_mid_fetch_then_rerun_resumes_and_verifies_then_changes_nothing(
     """The run and the fetch itself killed with SIGKILL half way through a shard's
     transfer (the worst case: no process left to finish anything); a rerun resumes the
     partial downloads, verifies every file against the hub's sha256 (the stat cache,
-    root only, records them), the next run changes nothing, nor does check mode."""
+    root only, records them), the next run changes nothing, nor does check mode. Then a
+shard corrupted in place (one byte, size and mtime put back) is fetched again and
+verified."""
     hub.hub.blob_seconds = 30.0
     cmd, env = _command(hub, tmp_path, TOKEN)
     progress = tmp_path / "state" / "fetch-gguf.json"
@@ -148,3 +166,16 @@ def test_sigkill_mid_fetch_then_rerun_resumes_and_verifies_then_changes_nothing(
                for line in _messages(third, "Say that nothing needs hashing")), third.stdout[-3000:]
     checked = _play(hub, tmp_path, TOKEN, check=True)
     assert checked.returncode == 0 and _stats(checked)["changed"] == 0, checked.stdout[-3000:]
+
+    # A shard's byte flipped, its size and mtime put back: hashed again (its ctime moved),
+    # removed, fetched again from the hub and verified: repaired, never passed as it was.
+    shard = sorted(model.rglob("*.gguf"))[-1]
+    rel = shard.relative_to(model).as_posix()
+    _flip(shard)
+    hub.hub.log.clear()
+    repaired = _play(hub, tmp_path, TOKEN)
+    assert repaired.returncode == 0, repaired.stdout[-3000:]
+    assert _sha256(shard) == hub.served(GGUF_REPO)[rel].sha256
+    assert len(hub.requests("GET", "/_blobs/")) == 1, "only the differing shard is fetched again"
+    said = _messages(repaired, "Report the verification")
+    assert any(f"removed, to be fetched again: {shard}" in line for line in said), said
