@@ -53,7 +53,7 @@ SLOW_START: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_PHASE_S
 # unit's Restart=on-failure (RestartSec 30 s: the run must fail before the first restart).
 CRASH_LOOP: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_FAIL": "kv_cache"},
                               "vllm_service_ready_timeout": 600}
-WAIT_ROUND = "Wait for the service to answer (one round; fails at once when it crashes)"
+WAIT_ROUND = "Wait for the service to answer, a line a round (fails at once when it crashes)"
 # A stand-in that starts and never listens (vLLM hung while loading), with a short wait.
 NEVER_READY: dict[str, Any] = {
     "vllm_service_command": ["/usr/bin/python3", "-c", "import time; time.sleep(86400)"],
@@ -93,7 +93,10 @@ def _failed_task(result: Run) -> str:
 
 
 def _message(result: Run) -> str:
-    return str(result.first_failure()["event_data"]["res"].get("msg", ""))
+    """The failed task's message; of a loop (the readiness wait's rounds), its failed round's."""
+    res = result.first_failure()["event_data"]["res"]
+    failed = [r for r in res.get("results", []) if r.get("failed")]
+    return str((failed[-1] if failed else res).get("msg", ""))
 
 
 def _changed(result: Run) -> list[str]:
@@ -102,9 +105,9 @@ def _changed(result: Run) -> list[str]:
 
 
 def _progress(result: Run) -> list[str]:
-    """The readiness wait's lines (role glm5's tasks/unit_wait_round.yml)."""
-    return [str(e["event_data"]["res"].get("msg", "")) for e in result.task_events()
-            if e["event_data"].get("task") == "Report the start-up"]
+    """The readiness wait's lines: its rounds' (each round's item label; role glm5's tasks/unit_wait.yml)."""
+    return [str(r["line"]) for e in result.task_events() if e["event_data"].get("task") == WAIT_ROUND
+            for r in e["event_data"]["res"].get("results", []) if "line" in r]
 
 
 def _crash_time(host: str) -> float:

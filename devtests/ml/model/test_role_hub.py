@@ -61,6 +61,13 @@ def _messages(proc: subprocess.CompletedProcess[str], task: str) -> list[str]:
             if t["task"]["name"].rpartition(" : ")[2] == task for h in t["hosts"].values()]
 
 
+def _round_lines(proc: subprocess.CompletedProcess[str], task: str) -> list[str]:
+    """The lines of a task that loops in rounds (role glm5's tasks/follow.yml), one a round."""
+    out = json.loads(proc.stdout)
+    return [str(r["line"]) for p in out["plays"] for t in p["tasks"] if t["task"]["name"].rpartition(" : ")[2] == task
+            for h in t["hosts"].values() for r in h.get("results", []) if "line" in r]
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -148,7 +155,7 @@ verified."""
     assert _stats(again)["changed"] >= 1
     assert any(e["range"] and not e["range"].startswith("bytes=0-") for e in hub.requests("GET", "/_blobs/")), \
         "the rerun downloaded the shards from the start instead of resuming"
-    lines = _messages(again, "Report the progress")
+    lines = _round_lines(again, "Follow a background job, a line a round: model fetch")
     assert any("(resumed: " in line and "were already here" in line for line in lines), lines
     cache = tmp_path / "state" / "verified.json"
     cached = json.loads(cache.read_text())["files"]
