@@ -165,3 +165,33 @@ def test_every_phase_is_a_text_vllm_logs() -> None:
         literal = re.split(r"\(\\S\+\)|\(\[0-9.\]\+\)|\(\[0-9,\]\+\)|\(\S+\)", phase["pattern"])[0]
         literal = literal.replace("\\(", "(").replace("\\)", ")").strip()
         assert literal and literal in sources, f"{phase['pattern']!r}: {literal!r} not in vLLM's source"
+
+
+def _includes(node: Any) -> list[str]:
+    """Every include_tasks target in a task list (blocks included)."""
+    found: list[str] = []
+    for task in node if isinstance(node, list) else []:
+        if not isinstance(task, dict):
+            continue
+        for key in ("ansible.builtin.include_tasks", "include_tasks"):
+            target = task.get(key)
+            if target is not None:
+                found.append(str(target.get("file", "") if isinstance(target, dict) else target))
+        for part in ("block", "rescue", "always"):
+            found += _includes(task.get(part))
+    return found
+
+
+def test_no_wait_of_a_deploy_includes_itself_once_a_round() -> None:
+    """Each include nests Ansible's iterator one level deeper: a task file that includes
+    itself once a round stops the run with a RecursionError after some 250 rounds
+    (measured with ansible-core 2.19: two hours of 30 s rounds). The waits loop over their
+    rounds in one task instead (role glm5's follow.yml and unit_wait.yml). Role bench is
+    not part of a deploy (its rounds are one benchmark point's)."""
+    selfish = [str(f.relative_to(ROOT)) for f in sorted(ROOT.glob("roles/*/tasks/*.yml"))
+               if f.parts[-3] != "bench" and f.name in {Path(t).name for t in _includes(yaml.safe_load(f.read_text()))}]
+    assert selfish == []
+    for name in ("follow.yml", "unit_wait.yml"):
+        tasks = yaml.safe_load((ROOT / "roles" / "glm5" / "tasks" / name).read_text())
+        loops = [t for t in tasks if "loop" in t]
+        assert len(loops) == 1 and "break_when" in loops[0]["loop_control"] and "label" in loops[0]["loop_control"]
