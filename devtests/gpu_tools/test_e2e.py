@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -80,7 +82,7 @@ class StandIn(BaseHTTPRequestHandler):
         def top(lp: np.ndarray, extra: int | None = None) -> dict[str, float]:
             best = np.argsort(-lp)[:k]
             out = {f"token_id:{int(t)}": float(lp[t]) for t in best}
-            if extra is not None:
+            if extra is not None and extra < VOCAB:
                 out[f"token_id:{extra}"] = float(lp[extra])
             return out
 
@@ -330,3 +332,62 @@ def test_repeat_finds_the_first_differing_position(tmp_path: Path) -> None:
 
 def test_spec_counters_without_mtp_are_empty() -> None:
     assert e2e.acceptance(e2e.spec_counters("vllm:num_requests_running 0\n")) == {}
+
+
+def test_prompts_are_the_recorded_seeded_ones(tmp_path: Path) -> None:
+    held = ROOT / "tools" / "gpu" / "e2e-prompts.json"
+    rc = e2e.main(["prompts", "--include", str(held), "--seeded", "4096:10,5120:11", "--out", str(tmp_path / "p.json")])
+    got = json.loads((tmp_path / "p.json").read_text())
+    assert rc == 0 and [len(p["ids"]) for p in got] == [128, 256, 200, 23, 4096, 5120]
+    # the held prompts' seeded ones are the generator's (seeds 0, 1, 2), as the CPU oracles make them
+    assert [p["ids"] for p in got[:3]] == [e2e.seeded_prompt(n, s, 2048) for n, s in ((128, 0), (256, 1), (200, 2))]
+    assert got[4]["ids"][:3] == e2e.seeded_prompt(4096, 10, 2048)[:3]
+    with pytest.raises(ValueError, match="at least 2"):
+        e2e.seeded_prompt(1, 0, 2048)
+
+
+def test_the_run_steps_query_the_current_server(server: str, tmp_path: Path) -> None:
+    """tools/gpu/run e2e:full / e2e:mtp / e2e:causal against the server the run started
+    (here the stand-in, as if serve:vllm had started it): the files land in its results."""
+    g = tmp_path / "gpu"
+    g.mkdir()
+    (g / "current").write_text("vllm-mtp0\n")
+    (g / "key").write_text("sekrit\n")
+    (tmp_path / "p.json").write_text(json.dumps([{"ids": [1, 2, 3, 4, 5]}, {"ids": list(range(1, 12))}]))
+    env = dict(
+        os.environ,
+        GPU_ROOT=str(g),
+        OUT=str(tmp_path / "out"),
+        GPU_PYTHON=sys.executable,
+        SLICE_PORT=server.rsplit(":", 1)[1],
+        E2E_PROMPTS=str(tmp_path / "p.json"),
+        E2E_CUTS="3,6",
+    )
+    proc = subprocess.run(
+        [str(ROOT / "tools" / "gpu" / "run"), "e2e:full", "e2e:mtp", "e2e:causal"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    results = g / "results" / "vllm-mtp0"
+    full = json.loads((results / "e2e.json").read_text())
+    assert len(full["prompts"]) == 2 and full["together_vs_sequential_max_abs_diff"] == [0.0, 0.0]
+    assert np.load(results / "e2e.npz")["lp1"].shape == (10, 2048)
+    mtp = json.loads((results / "e2e-mtp.json").read_text())
+    assert len(mtp["prompts"][0]["greedy_ids"]) == 128 and mtp["mtp"]["drafts"] > 0
+    assert json.loads((results / "e2e-causal.json").read_text())["verdict"].startswith("PASS")
+    assert (tmp_path / "out" / "results.tar.gz").exists()
+    proc = subprocess.run(
+        [str(ROOT / "tools" / "gpu" / "run"), "e2e:nonsense"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0 and "unknown set nonsense" in proc.stdout

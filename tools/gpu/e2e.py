@@ -3,6 +3,9 @@
 One script with options, for every end-to-end run (docs/validation/e2e_serving.md has
 what each run measured and its command):
 
+  prompts  seeded prompts of given lengths (the numpy generator the diagnostics funnel
+           uses), after the held prompts of --include (tools/gpu/e2e-prompts.json: 128,
+           256 and 200 seeded tokens and a 23-token chat prompt) -> PROMPTS.json
   query    on the GPU machine, one server at a time (OpenAI API, token ids in and out):
            each prompt's next-token log-probs at every position (`echo`, the top
            --logprobs, the rest -inf), its greedy continuation with the top-1/top-2
@@ -219,6 +222,24 @@ def _key(args: argparse.Namespace) -> str | None:
     if getattr(args, "key_file", None):
         return Path(args.key_file).read_text().strip()
     return os.environ.get("VLLM_API_KEY") or None
+
+
+def seeded_prompt(n: int, seed: int, vocab: int) -> list[int]:
+    """n token ids below vocab from numpy's default_rng(seed), as the diagnostics funnel's
+    prompt_tokens makes them (so the CPU's and the GPU's prompts are the same ids)."""
+    if n < 2:
+        raise ValueError(f"prompt length {n}: at least 2 tokens")
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
+
+
+def prompts(args: argparse.Namespace) -> int:
+    out: list[dict[str, Any]] = json.loads(Path(args.include).read_text()) if args.include else []
+    for spec in filter(None, args.seeded.split(",")):
+        n, seed = (int(x) for x in spec.split(":", 1))
+        out.append({"ids": seeded_prompt(n, seed, args.vocab), "text": f"seeded prompt, {n} tokens, seed {seed}"})
+    Path(args.out).write_text(json.dumps(out) + "\n")
+    print(f"prompts: {len(out)} ({', '.join(str(len(p['ids'])) for p in out)} tokens) -> {args.out}")
+    return 0
 
 
 # ---- numbers ---------------------------------------------------------------------------------
@@ -485,6 +506,13 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--model", default="glm-5", help="served model name (default %(default)s)")
         q.add_argument("--key-file", help="API key file (else $VLLM_API_KEY)")
         q.add_argument("--vocab", type=int, default=2048, help="vocabulary size (default: the tiny fixture's 2048)")
+
+    pr = sub.add_parser("prompts", help="seeded prompts (and the held ones) as one JSON file")
+    pr.add_argument("--seeded", default="", help="comma-separated N:SEED, e.g. 4096:10,5120:11")
+    pr.add_argument("--include", help="a prompts file to start from (e.g. tools/gpu/e2e-prompts.json)")
+    pr.add_argument("--vocab", type=int, default=2048)
+    pr.add_argument("--out", required=True)
+    pr.set_defaults(func=prompts)
 
     q = sub.add_parser("query", help="one server's log-probs, greedy output, decode time, MTP counters")
     server_args(q)
