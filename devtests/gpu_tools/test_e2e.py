@@ -287,13 +287,15 @@ def test_compare_from_files(tmp_path: Path) -> None:
     (tmp_path / "r").mkdir()
     np.savez(tmp_path / "r" / "a.npz", lp0=truth[:-1])
     (tmp_path / "r" / "a.json").write_text(json.dumps({"prompts": [{"greedy_ids": [1, 2]}]}))
+    (tmp_path / "r" / "vllm-mtp0-eager").mkdir()  # tools/gpu/run's results folder of a server
+    np.savez(tmp_path / "r" / "vllm-mtp0-eager" / "e2e.npz", lp0=oracle["reference-off-by-one"][0][:-1])
     rc = e2e.main(
         [
             "compare",
             "--results",
             str(tmp_path / "r"),
             "--servers",
-            "a,missing",
+            "a,missing,vllm-mtp0-eager",
             "--oracles",
             str(tmp_path / "o.npz"),
             "--out",
@@ -304,6 +306,7 @@ def test_compare_from_files(tmp_path: Path) -> None:
     )
     report = json.loads((tmp_path / "rep.json").read_text())
     assert report["verdicts"]["a"].startswith("PASS") and report["verdicts"]["missing"] == "NO RESULT"
+    assert report["verdicts"]["vllm-mtp0-eager"].startswith("FAIL")
     assert rc == 1  # a server without results fails the run
 
 
@@ -391,3 +394,20 @@ def test_the_run_steps_query_the_current_server(server: str, tmp_path: Path) -> 
         check=False,
     )
     assert proc.returncode != 0 and "unknown set nonsense" in proc.stdout
+
+
+def test_oracles_refuses_an_unknown_name_before_loading_anything(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"unknown \['reference-fp16'\]"):
+        e2e.main(
+            [
+                "oracles",
+                "--gguf",
+                "none.gguf",
+                "--prompts",
+                "none.json",
+                "--out",
+                str(tmp_path / "o.npz"),
+                "--only",
+                "llama.cpp,reference-fp16",
+            ]
+        )

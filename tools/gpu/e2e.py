@@ -16,7 +16,8 @@ what each run measured and its command):
   oracles  here, on the CPU: the oracles' logits for the same prompts on the same GGUF:
            llama.cpp, and the CPU reference (glm5_tools.diagnostics.dsa_reference) as
            trained, with vLLM's fp8 rounding of the indexer, dense, and with a wrong
-           (off-by-one) selection -> ORACLES.npz
+           (off-by-one) selection; on request with the latent kept as a bf16 or as patch
+           0013's fp8 cache keeps it -> ORACLES.npz
   compare  here: each server's distributions against each oracle (mean KL(oracle ||
            server) and top-1 agreement, at positions before index_topk and from it on),
            server against server (--pair A:B), greedy equality with a --baseline server,
@@ -279,10 +280,17 @@ def split_agreement(got: npt.NDArray[Any], ref: npt.NDArray[Any], topk: int) -> 
 
 # ---- oracles (here, on the CPU) --------------------------------------------------------------
 ORACLES = ("llama.cpp", "reference", "reference-fp8-indexer", "reference-dense", "reference-off-by-one")
+# on request (--only): the fp8-indexer reference with its MLA latent kept as a bf16 cache
+# and as the fp8_ds_mla cache of patch 0013 keep it (everything else float32)
+CACHE_ORACLES = {"reference-bf16-cache": "bf16", "reference-fp8-cache": "fp8_ds_mla"}
 
 
 def oracles(args: argparse.Namespace) -> int:
-    from glm5_tools.diagnostics.dsa_reference import GlmDsaReference
+    only = set(args.only.split(","))
+    unknown = only - {*ORACLES, *CACHE_ORACLES}
+    if unknown:
+        raise SystemExit(f"oracles: unknown {sorted(unknown)}; known: {', '.join([*ORACLES, *CACHE_ORACLES])}")
+    from glm5_tools.diagnostics.dsa_reference import GlmDsaReference, latent_cache_rounding
     from glm5_tools.diagnostics.stage_sparse import llama_cpp_logits
 
     gguf = Path(args.gguf)
@@ -297,11 +305,16 @@ def oracles(args: argparse.Namespace) -> int:
     arrays: dict[str, npt.NDArray[Any]] = {}
     for n, p in enumerate(prompts):
         ids = [int(i) for i in p["ids"]]
-        if "llama.cpp" in args.only:
+        if "llama.cpp" in only:
             arrays[f"llama.cpp/{n}"] = llama_cpp_logits(gguf, ids).numpy()
         for name, kw in runs.items():
-            if name in args.only:
+            if name in only:
                 arrays[f"{name}/{n}"] = model.forward(ids, **kw).logits.float().numpy()
+        for name, cache in CACHE_ORACLES.items():
+            if name in only:
+                model.latent_cache = latent_cache_rounding(cache)
+                arrays[f"{name}/{n}"] = model.forward(ids, attention="sparse-fp8").logits.float().numpy()
+                model.latent_cache = None
         print(f"oracles: prompt {n} ({len(ids)} tokens)", flush=True)
     arrays["index_topk"] = np.array(model.hp.index_topk)
     np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
@@ -396,7 +409,9 @@ def compare(args: argparse.Namespace) -> int:
     servers: dict[str, dict[int, npt.NDArray[Any]]] = {}
     greedy_ids: dict[str, dict[int, list[int]]] = {}
     for s in args.servers.split(","):
-        npz, meta = results / f"{s}.npz", results / f"{s}.json"
+        # NAME.npz / NAME.json, or tools/gpu/run's results folder of a server (NAME/e2e.*)
+        base = results / s / "e2e" if (results / s).is_dir() else results / s
+        npz, meta = base.with_suffix(".npz"), base.with_suffix(".json")
         arrays = np.load(npz) if npz.exists() else None
         servers[s] = {int(k[2:]): arrays[k] for k in arrays.files if k.startswith("lp")} if arrays else {}
         if meta.exists():
@@ -528,11 +543,13 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--gguf", required=True)
     o.add_argument("--prompts", required=True)
     o.add_argument("--out", required=True, help="ORACLES.npz")
-    o.add_argument("--only", default=",".join(ORACLES), help="comma-separated subset of " + ", ".join(ORACLES))
+    o.add_argument(
+        "--only", default=",".join(ORACLES), help="comma-separated, of " + ", ".join([*ORACLES, *CACHE_ORACLES])
+    )
     o.set_defaults(func=oracles)
 
     c = sub.add_parser("compare", help="servers against the oracles and each other; the verdict")
-    c.add_argument("--results", required=True, help="folder of query's NAME.json / NAME.npz")
+    c.add_argument("--results", required=True, help="folder of query's NAME.json / NAME.npz, or of NAME/e2e.*")
     c.add_argument("--servers", required=True, help="comma-separated NAMEs")
     c.add_argument("--oracles", required=True, help="ORACLES.npz (oracles)")
     c.add_argument("--out", required=True)
