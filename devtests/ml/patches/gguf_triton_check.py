@@ -36,7 +36,7 @@ def load_kernels():  # type: ignore[no-untyped-def]
     find_spec does not run vllm/__init__)."""
     vllm = importlib.util.find_spec("vllm")
     assert vllm is not None and vllm.submodule_search_locations, "no vllm on PYTHONPATH"
-    path = f"{list(vllm.submodule_search_locations)[0]}/model_executor/layers/quantization/gguf_triton.py"
+    path = f"{next(iter(vllm.submodule_search_locations))}/model_executor/layers/quantization/gguf_triton.py"
     spec = importlib.util.spec_from_file_location("gguf_triton", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
