@@ -26,7 +26,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +41,7 @@ Q4 = "gguf/tiny-glm5-UD-Q4_K_XL.gguf"
 FAULTS = REPO / "devtests" / "ml" / "diagnostics" / "faults"
 KERNEL_FAULTS = REPO / "devtests" / "ml" / "patches" / "faults"
 DENSE_LENGTHS = (12, 24)
-FP8_LENGTHS = (80,)  # two cache pages, past index_topk 32
+FP8_LENGTHS = (40,)  # past index_topk 32 (the pages are the sparse test's: the same index conversion)
 
 needs = pytest.mark.skipif(not (MAIN / Q4).exists() or not (TOPK32 / Q4).exists(),
                            reason="tiny GLM-5 fixtures not built (scripts/make-tiny-glm5 [--index-topk 32 --no-split])")
@@ -182,8 +185,7 @@ def test_sparse_path_with_the_fp8_latent_cache_matches_llama_cpp(fp8_model):
     assert "fp8_ds_mla latent cache, bfloat16" in result.where
 
 
-def _stage_on_fault(tmp_path: Path, fault: Path, fixture: Path, backend: str, lengths: str,
-                    *extra: str) -> dict:
+def _stage_on_fault(tmp_path: Path, fault: Path, fixture: Path, backend: str, lengths: str) -> dict:
     """Stage 8 through the diagnostics CLI, in a fresh interpreter whose vLLM is an
     overlay of the patch set plus one fault patch."""
     import overlay
@@ -195,7 +197,7 @@ def _stage_on_fault(tmp_path: Path, fault: Path, fixture: Path, backend: str, le
     proc = subprocess.run(
         [sys.executable, "-m", "glm5_tools.diagnostics", "--gguf", str(fixture / Q4), "--hf-config",
          str(fixture / "hf"), "--tp", "1", "--device", "cpu", "--stages", "8", "--forward-backend", backend,
-         "--forward-lengths", lengths, "--json", str(out), *extra],
+         "--forward-lengths", lengths, "--json", str(out)],
         env=env, capture_output=True, text=True, check=False, timeout=900)
     print(proc.stdout[-4000:])
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -204,21 +206,83 @@ def _stage_on_fault(tmp_path: Path, fault: Path, fixture: Path, backend: str, le
 
 
 @needs
-@pytest.mark.parametrize(("fault", "fixture", "backend", "lengths", "extra", "named"), [
-    (FAULTS / "sparse-mla-scale-nope-only.patch", TOPK32, "TRITON_MLA_SPARSE", "24", (), "layer 0 attention"),
-    (FAULTS / "moe-routed-scaling-not-applied.patch", MAIN, "TRITON_MLA", "12", (), "layer 3 routed experts"),
-    (FAULTS / "moe-score-bias-ignored.patch", MAIN, "TRITON_MLA", "12", (), "layer 3 router"),
-    # past the indexer cache's first page only: the longer default prompt's case
-    (FAULTS / "indexer-scale-at-request-position.patch", TOPK32, "TRITON_MLA_SPARSE", "72", (),
-     "layer 0 sparse attention top-k selection"),
-    # the decode step's sort after persistent_topk (its set unchanged)
-    (FAULTS / "topk-sort-pads-first.patch", TOPK32, "TRITON_MLA_SPARSE", "8", (), "layer 0 top-k selection order"),
-    # 0013's fp8 kernel reading the next tile's scale, in the whole model
-    (KERNEL_FAULTS / "fp8-scale-of-next-tile.patch", TOPK32, "TRITON_MLA_SPARSE", "8",
-     ("--kv-cache-dtype", "fp8"), "layer 0 attention"),
-], ids=lambda v: v.name if isinstance(v, Path) else None)
-def test_a_fault_fails_naming_layer_and_sub_block(tmp_path: Path, fault: Path, fixture: Path, backend: str,
-                                                  lengths: str, extra: tuple[str, ...], named: str):
-    stage = _stage_on_fault(tmp_path, fault, fixture, backend, lengths, *extra)
+@pytest.mark.parametrize(("fault", "fixture", "backend", "lengths", "named"), [
+    ("sparse-mla-scale-nope-only.patch", TOPK32, "TRITON_MLA_SPARSE", "24", "layer 0 attention"),
+    ("moe-routed-scaling-not-applied.patch", MAIN, "TRITON_MLA", "12", "layer 3 routed experts"),
+    ("moe-score-bias-ignored.patch", MAIN, "TRITON_MLA", "12", "layer 3 router"),
+])
+def test_a_fault_fails_naming_layer_and_sub_block(tmp_path: Path, fault: str, fixture: Path, backend: str,
+                                                  lengths: str, named: str):
+    stage = _stage_on_fault(tmp_path, FAULTS / fault, fixture, backend, lengths)
     assert stage["verdict"] == "fail"
     assert stage["details"][0].startswith(f"first divergence: {named}"), stage["details"][:3]
+
+
+@contextmanager
+def _sparse_kernels_from(site: Path) -> Iterator[None]:
+    """0011/0013's Triton kernels (every ``@triton.jit`` function of sparse_utils.py) taken
+    from site's copy of the file (an overlay with a fault patch) in place of the imported
+    module's for the block: sparse_utils' functions look their kernels up in its globals at
+    each call, so the built model runs the faulted kernels without being rebuilt (a fresh
+    interpreter per fault, as above, would build it again: ~40 s of CPU each)."""
+    import importlib.util
+
+    from triton.runtime.jit import KernelInterface
+    from vllm.v1.attention.backends.mla import sparse_utils
+
+    from glm5_tools.diagnostics.patching import replaced
+
+    path = site / "vllm" / "v1" / "attention" / "backends" / "mla" / "sparse_utils.py"
+    spec = importlib.util.spec_from_file_location("glm5_fault_sparse_utils", path)
+    assert spec is not None and spec.loader is not None
+    faulted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faulted)
+    # @triton.jit functions (under Triton's interpreter: InterpretedFunction, a KernelInterface)
+    kernels = {name: obj for name, obj in vars(faulted).items() if isinstance(obj, KernelInterface)}
+    assert kernels and set(kernels) <= set(vars(sparse_utils))
+    with replaced(sparse_utils, **kernels):
+        yield
+
+
+@pytest.fixture(scope="module")
+def llama_once():
+    """llama.cpp's logits, computed once per prompt for the module's stage runs."""
+    from glm5_tools.diagnostics.stage_forward import llama_cpp_logits
+
+    seen: dict[tuple[str, tuple[int, ...]], Any] = {}
+
+    def logits(path: Path, tokens: list[int]) -> Any:
+        key = (str(path), tuple(tokens))
+        if key not in seen:
+            seen[key] = llama_cpp_logits(path, tokens)
+        return seen[key]
+
+    return logits
+
+
+@needs
+@pytest.mark.parametrize(("fault", "model", "kv_cache_dtype", "lengths", "named"), [
+    # past the indexer cache's first page only: what the longer default prompt is for
+    (FAULTS / "indexer-scale-at-request-position.patch", "sparse_model", "auto", (72,),
+     "layer 0 sparse attention top-k selection"),
+    # the decode step's sort after persistent_topk (the set unchanged)
+    (FAULTS / "topk-sort-pads-first.patch", "sparse_model", "auto", (8,), "layer 0 top-k selection order"),
+    # 0013's fp8 kernel reading the next tile's scale, in the whole model
+    (KERNEL_FAULTS / "fp8-scale-of-next-tile.patch", "fp8_model", "fp8", (8,), "layer 0 attention"),
+], ids=lambda v: v.name if isinstance(v, Path) else None)
+def test_a_fault_in_the_sparse_kernels_fails_naming_layer_and_sub_block(
+        tmp_path: Path, request: pytest.FixtureRequest, llama_once: Any, fault: Path, model: str,
+        kv_cache_dtype: str, lengths: tuple[int, ...], named: str):
+    import overlay
+
+    from glm5_tools.diagnostics import stage_forward
+    from glm5_tools.diagnostics.result import Verdict
+
+    site = overlay.make_overlay(tmp_path / "site", [*overlay.patches(), fault])
+    built = request.getfixturevalue(model)
+    with _sparse_kernels_from(site):
+        result = stage_forward.run_stage(TOPK32 / Q4, TOPK32 / "hf", backend="TRITON_MLA_SPARSE", lengths=lengths,
+                                         model=built, kv_cache_dtype=kv_cache_dtype, llama=llama_once)
+    print("\n".join(result.details))
+    assert result.verdict is Verdict.FAIL
+    assert result.details[0].startswith(f"first divergence: {named}"), result.details[:3]

@@ -470,7 +470,7 @@ class VllmCpuModel:
             model_config=self.model_config,
             device_config=DeviceConfig(device="cpu"),
             load_config=LoadConfig(load_format="gguf"),
-            cache_config=CacheConfig(block_size=BLOCK, cache_dtype=kv_cache_dtype),  # type: ignore[arg-type]
+            cache_config=CacheConfig(block_size=BLOCK, cache_dtype=kv_cache_dtype),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=max_model_len, max_num_seqs=max_model_len,
                                              max_model_len=max_model_len, is_encoder_decoder=False),
             attention_config=AttentionConfig(backend=backend),
