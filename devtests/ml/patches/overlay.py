@@ -51,6 +51,8 @@ def make_overlay(dest: Path, applied: list[Path]) -> Path:
     # real copies of every file the patch set or the given patches (a fault) change
     for rel in sorted(set(targets()) | set(targets(applied))):
         link = dest / rel
+        if not (INSTALLED / rel).exists():
+            continue  # a file the patch set adds (0015's gguf_triton.py): the patch creates it
         link.unlink()
         shutil.copy2(INSTALLED / rel, link)
     for patch in applied:

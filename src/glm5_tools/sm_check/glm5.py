@@ -307,6 +307,60 @@ def trace_sampler(rec: Recorder, target: Target) -> None:
                 apply_top_k_top_p(torch.empty(n, VOCAB, dtype=torch.float32), k, p)
 
 
+# GLM-5's GGUF linears per rank (UD-Q4_K_XL's types: docs/fixtures.md), as (name, in,
+# out at TP 1, split by TP, GGUF type): q_a + kv_a are vLLM's merged fused_qkv_a_proj
+HIDDEN = 6144
+Q_LORA = 2048
+MOE_INTER = 2048
+SHARED_INTER = 2048
+EXPERTS = 256
+TOPK = 8
+GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 12, 13, 14
+GGUF_BYTES = {GGUF_Q4_K: 144, GGUF_Q5_K: 176, GGUF_Q6_K: 210}
+# decode steps, MTP verification steps (1 + 1..3 drafts per request) and prefill chunks
+GGUF_STEPS = (*DECODE_BATCHES, 2 * 64, 4 * 64, 1000, 2048, MAX_BATCHED_TOKENS)
+
+
+def trace_gguf(rec: Recorder, target: Target, tp: int) -> None:
+    """The GGUF weight kernels (patch 0015's gguf_triton, through gguf.py's own
+    dispatch: dense layers, the merged q_a + kv_a layer, the routed experts) at every
+    step size the service takes, with the per-rank shapes of TP tp."""
+    import torch
+    from vllm.model_executor.layers.quantization import gguf as vgguf
+
+    def qweight(rows: int, k: int, qtype: int) -> Any:
+        return torch.empty(rows, k // 256 * GGUF_BYTES[qtype], dtype=torch.uint8)
+
+    heads = HEADS // tp
+    dense = [
+        ("q_b", qweight(heads * (QK_NOPE + ROPE), Q_LORA, GGUF_Q5_K), GGUF_Q5_K),
+        ("o_proj", qweight(HIDDEN, heads * V_HEAD, GGUF_Q5_K), GGUF_Q5_K),
+        ("shared gate_up", qweight(2 * SHARED_INTER // tp, HIDDEN, GGUF_Q6_K), GGUF_Q6_K),
+        ("shared down", qweight(HIDDEN, SHARED_INTER // tp, GGUF_Q6_K), GGUF_Q6_K),
+        ("lm_head", qweight(VOCAB // tp, HIDDEN, GGUF_Q6_K), GGUF_Q6_K),
+    ]
+    q_a, kv_a = qweight(Q_LORA, HIDDEN, GGUF_Q5_K), qweight(KV_LORA + ROPE, HIDDEN, GGUF_Q6_K)
+    padded = torch.empty(q_a.shape[0] + kv_a.shape[0], max(q_a.shape[1], kv_a.shape[1]), dtype=torch.uint8)
+    inter = MOE_INTER // tp
+    w13 = torch.empty(EXPERTS, 2 * inter, HIDDEN // 256 * GGUF_BYTES[GGUF_Q4_K], dtype=torch.uint8)
+    w2 = torch.empty(EXPERTS, HIDDEN, inter // 256 * GGUF_BYTES[GGUF_Q5_K], dtype=torch.uint8)
+    for m in GGUF_STEPS:
+        # past this the dense layers take vLLM's ggml_dequantize + cuBLAS (compiled ops)
+        with rec.in_scenario(f"TP{tp} GGUF linears x{m}"), virtual_device(target):
+            if m > vgguf.TRITON_DENSE_MAX_TOKENS:
+                continue
+            for _, w, qtype in dense:
+                vgguf._fused_mul_mat_gguf(torch.empty(m, w.shape[1] // GGUF_BYTES[qtype] * 256,
+                                                      dtype=torch.float16), w, qtype)
+            vgguf._fused_mul_mat_gguf_merged(
+                torch.empty(m, HIDDEN, dtype=torch.float16), padded, [0, Q_LORA], [Q_LORA, padded.shape[0]],
+                [q_a.shape[1], kv_a.shape[1]], [GGUF_Q5_K, GGUF_Q6_K])
+        with rec.in_scenario(f"TP{tp} GGUF routed experts x{m}"), virtual_device(target):
+            ids = torch.stack([torch.randperm(EXPERTS)[:TOPK] for _ in range(m)]).to(torch.int32)
+            vgguf._fused_moe_gguf(torch.empty(m, HIDDEN, dtype=torch.float16), w13, w2,
+                                  torch.empty(m, TOPK, dtype=torch.float32), ids, GGUF_Q4_K, GGUF_Q5_K, "silu")
+
+
 def trace_all(target: Target, *, dense: bool = True, tps: tuple[int, ...] = TPS) -> Recorder:
     """Every scenario at every TP; the caller has put the patched vLLM on sys.path."""
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -323,6 +377,7 @@ def trace_all(target: Target, *, dense: bool = True, tps: tuple[int, ...] = TPS)
         trace_sampler(rec, target)
         for tp in tps:
             trace_sparse(rec, target, tp)
+            trace_gguf(rec, target, tp)
             if dense:
                 trace_dense(rec, target, tp)
     return rec
