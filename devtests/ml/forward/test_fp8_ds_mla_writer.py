@@ -6,7 +6,7 @@ with glm5_tools.diagnostics.fp8_ds_mla (the stand-in for that op). Its bytes mus
 GPU writer's:
 
 * against the bytes vLLM's own writer wrote on the GPU validation machine for the fixed
-  input ``probe_input()`` (docs/validation/e2e-gpu/fp8/record_writer.py; results/writer/);
+  input ``probe_input()`` (tools/gpu/record_fp8_writer.py; results/writer/);
   skipped, with the command that records them, until they are committed;
 * without a GPU: every byte against the format's definition, computed here independently
   (nearest-even e4m3 from the table of its 127 non-negative values, the scales, the rope
@@ -28,7 +28,7 @@ from glm5_tools.diagnostics import fp8_ds_mla
 
 REPO = Path(__file__).resolve().parents[3]
 RECORDED = REPO / "docs" / "validation" / "e2e-gpu" / "fp8" / "results" / "writer"
-RECORD_CMD = ("PYTHONPATH=src python3 docs/validation/e2e-gpu/fp8/record_writer.py <dir with vLLM 0.20.2's "
+RECORD_CMD = ("PYTHONPATH=src python3 tools/gpu/record_fp8_writer.py <dir with vLLM 0.20.2's "
               "_C.abi3.so> $OUT")
 
 
@@ -56,7 +56,7 @@ def test_cpu_writer_equals_the_bytes_vllms_gpu_writer_recorded():
                     f"$OUT/fp8_ds_mla_writer.{{bin,json}} under {RECORDED.relative_to(REPO)}/")
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("record_writer", RECORDED.parents[1] / "record_writer.py")
+    spec = importlib.util.spec_from_file_location("record_fp8_writer", REPO / "tools" / "gpu" / "record_fp8_writer.py")
     assert spec is not None and spec.loader is not None
     record = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(record)

@@ -13,7 +13,7 @@ and layer (GLM-5's kv_lora_rank 512, rope 64):
 
 The CUDA op takes 16-bit inputs only (it refuses others), so this writer does too. Its
 bytes are compared with the GPU writer's, recorded on the GPU validation machine for a
-fixed input (``probe_input``; docs/validation/e2e-gpu/fp8/record_writer.py), in
+fixed input (``probe_input``; tools/gpu/record_fp8_writer.py), in
 devtests/ml/forward/test_fp8_ds_mla_writer.py.
 """
 

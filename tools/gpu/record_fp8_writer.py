@@ -2,7 +2,7 @@
 for a fixed input, so that CI can compare stage 8's CPU writer with them byte for byte.
 
 usage (repository root, on the GPU validation machine):
-    PYTHONPATH=src python3 docs/validation/e2e-gpu/fp8/record_writer.py SITE_DIR OUT_DIR
+    PYTHONPATH=src python3 tools/gpu/record_fp8_writer.py SITE_DIR OUT_DIR
 
 SITE_DIR holds vLLM 0.20.2's compiled ``_C.abi3.so`` (loaded with
 ``torch.ops.load_library``, so no other part of vLLM is imported; a site-packages
