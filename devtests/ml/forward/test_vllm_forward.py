@@ -90,6 +90,16 @@ def test_selection_check_names_a_shifted_top_k():
     assert measured > 0 and "top-k selection differs" in detail and not bool(equal.all())
 
 
+def test_the_fp8_latent_cache_is_refused_for_the_dense_backend_and_an_unknown_dtype_named():
+    from glm5_tools.diagnostics import stage_forward
+
+    with pytest.raises(ValueError, match="fp8_ds_mla latent cache is TRITON_MLA_SPARSE's"):
+        stage_forward.run_stage(MAIN / Q4, MAIN / "hf", backend="TRITON_MLA", lengths=(12,), kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="kv cache dtype 'fp8_e5m2'"):
+        stage_forward.run_stage(TOPK32 / Q4, TOPK32 / "hf", backend="TRITON_MLA_SPARSE", lengths=(12,),
+                                kv_cache_dtype="fp8_e5m2")
+
+
 @pytest.fixture(scope="module")
 def sparse_model():
     from glm5_tools.diagnostics.vllm_forward import VllmCpuModel

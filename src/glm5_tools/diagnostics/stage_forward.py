@@ -114,7 +114,9 @@ LENGTHS = (24, 80)
 # The decode step of the longest prompt: its last DECODE_ROWS positions as one-token requests
 # over the prefill's caches (one more than 0011's rank-sort rows: its bitonic sort runs).
 # Its logits are those of the prefill's rows, from the same cached keys: measured rel 5.6e-7
-# (float32) and 4.1e-3 (bfloat16: the decode and the prefill paths round differently).
+# (float32); in bfloat16 (the fp8 cache's run) 4.1e-3 and 3.8e-2 on two 80-token prompts (the
+# decode and the prefill paths round differently, and a bfloat16 tie in the indexer can
+# select another key), hence 1e-1 there: the float32 run is the precise check of this path.
 DECODE_ROWS = 5
 DECODE_TOLERANCE = 1e-4
 DECODE_TOLERANCE_BF16 = 1e-1
