@@ -48,7 +48,7 @@ SNAPSHOT_PRUNE = ("/var/lib/systemd", "/var/lib/apt/periodic", "/var/lib/dhcp")
 SECRET_MARK = "sekrit-6d1f"
 
 # (id, overrides, texts every one of which the refusal must contain: the variable and
-# the value). Every row of issue 19's table, and what users mistype.
+# the value). Every kind of setting the roles read, and what users mistype.
 ROWS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("port-held-by-another", {"vllm_service_port": 2222},
      ["vllm_service_port", "2222", "glm5-other-app.service"]),
