@@ -16,7 +16,7 @@ CPU). Writes into OUT_DIR:
   device, torch's and CUDA's versions, and how many rows the CPU writer (run here too)
   writes identically.
 
-Commit both under docs/validation/e2e-gpu/fp8/results/writer/; the test
+Commit both under devtests/ml/forward/gpu_records/; the test
 devtests/ml/forward/test_fp8_ds_mla_writer.py then compares the CPU writer with them.
 """
 

@@ -6,13 +6,13 @@ with glm5_tools.diagnostics.fp8_ds_mla (the stand-in for that op). Its bytes mus
 GPU writer's:
 
 * against the bytes vLLM's own writer wrote on the GPU validation machine for the fixed
-  input ``probe_input()`` (tools/gpu/record_fp8_writer.py; results/writer/);
+  input ``probe_input()`` (tools/gpu/record_fp8_writer.py; gpu_records/ beside this file);
   skipped, with the command that records them, until they are committed;
 * without a GPU: every byte against the format's definition, computed here independently
   (nearest-even e4m3 from the table of its 127 non-negative values, the scales, the rope
   bits), and against the torch writer of devtests/ml/patches/sparse_fp8_check.py, whose
   bytes the H100 run found equal to vLLM's writer on its random input
-  (docs/validation/e2e-gpu/fp8, kernel_check.json: writer_bytes_equal_fraction 1.0).
+  (docs/validation/e2e-gpu/fp8/README.md, "vLLM's writer matches": fraction 1.0).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from glm5_tools.diagnostics import fp8_ds_mla
 
 REPO = Path(__file__).resolve().parents[3]
-RECORDED = REPO / "docs" / "validation" / "e2e-gpu" / "fp8" / "results" / "writer"
+RECORDED = Path(__file__).resolve().parent / "gpu_records"
 RECORD_CMD = ("PYTHONPATH=src python3 tools/gpu/record_fp8_writer.py <dir with vLLM 0.20.2's "
               "_C.abi3.so> $OUT")
 
