@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-dense", action="store_true", help="skip the dense TRITON_MLA path")
     p.add_argument("--fail-on-spills", action="store_true", help="register spills fail (default: warn)")
     p.add_argument("--tp", type=int, action="append", help="tensor parallel sizes to trace (default 1 2 4 8)")
-    p.add_argument("--gguf-tp", type=int, action="append", help="TP sizes for the GGUF kernels (default 8)")
+    p.add_argument("--gguf-tp", type=int, action="append", help="TP sizes for the GGUF kernels (default 1 2 4 8)")
     p.add_argument(
         "--require-traced",
         action="append",

@@ -318,10 +318,9 @@ TOPK = 8
 GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 12, 13, 14
 GGUF_BYTES = {GGUF_Q4_K: 144, GGUF_Q5_K: 176, GGUF_Q6_K: 210}
 # decode steps, MTP verification steps (1 + 1..3 drafts per request) and prefill chunks
-# The GGUF Triton kernels are the opt-in triton mode of GLM5_GGUF_KERNELS, not the
-# default serving path: traced at the service's TP 8 (their configurations are chosen
-# by per-rank shape); --gguf-tp traces others.
-GGUF_TPS = (8,)
+# The GGUF Triton kernels (the triton mode of GLM5_GGUF_KERNELS): their configurations
+# are chosen by per-rank shape, so every TP; --gguf-tp narrows it for a quick look.
+GGUF_TPS = TPS
 GGUF_STEPS = (*DECODE_BATCHES, 2 * 64, 4 * 64, 1000, 2048, MAX_BATCHED_TOKENS)
 
 
