@@ -12,7 +12,7 @@ from glm5_tools.sm_check.compile import KernelResult, scan_sass
 from glm5_tools.sm_check.libs import base_name
 from glm5_tools.sm_check.report import markdown, problems, warnings
 from glm5_tools.sm_check.targets import HOPPER_ONLY_SASS, target
-from glm5_tools.sm_check.trace import ArgSpec, LaunchRecord
+from glm5_tools.sm_check.trace import ArgSpec, LaunchRecord, unreached
 
 SM120 = target("sm_120")
 SM90 = target("sm_90")
@@ -83,3 +83,20 @@ def test_unknown_target_is_refused_naming_the_known_ones() -> None:
 def test_base_name_strips_templates_and_arguments() -> None:
     assert base_name("void vllm::rms_norm_kernel<c10::Half, 8>(c10::Half*, int)") == "vllm::rms_norm_kernel"
     assert base_name("void dequantize_block<32, 2, &ns::f, float>(void const*, float*, int)") == "dequantize_block"
+
+
+def test_unreached_follows_helpers_called_from_helpers() -> None:
+    """A kernel counts when launched; a @triton.jit helper when a launched kernel calls
+    it, directly or through other helpers; anything else is named."""
+    defined = [
+        ("_kernel", "m:_kernel", "def _kernel(x):\n    _rows(x)"),
+        ("_rows", "m:_rows", "def _rows(x):\n    return _scale(x)"),
+        ("_scale", "m:_scale", "def _scale(x):\n    return x"),
+        ("_other_kernel", "m:_other_kernel", "def _other_kernel(x):\n    _unused_helper(x)"),
+        ("_unused_helper", "m:_unused_helper", "def _unused_helper(x):\n    return x"),
+    ]
+    launched = {"m:_kernel"}
+    assert unreached(launched, [defined[0][2]], defined) == ["m:_other_kernel", "m:_unused_helper"]
+    # without the helper chain only the direct callee would count
+    assert unreached(launched, [defined[0][2]], defined[:2]) == []
+    assert unreached(set(), [], defined[:1]) == ["m:_kernel"]

@@ -328,10 +328,12 @@ def trace_gguf(rec: Recorder, target: Target, tp: int) -> None:
     """The GGUF weight kernels (patch 0015's gguf_triton, through gguf.py's own
     dispatch in its triton mode: dense layers, the merged q_a + kv_a layer, the
     routed experts) at every step size at which that mode takes them, with the
-    per-rank shapes of TP tp. The other step sizes run vLLM's compiled GGUF ops
-    (the library check)."""
+    per-rank shapes of TP tp; at the other step sizes (vLLM's compiled GGUF ops serve
+    them: the library check) the kernels' own tables through their entry points, so
+    that every configuration the bench can pick compiles too."""
     import torch
     from vllm.model_executor.layers.quantization import gguf as vgguf
+    from vllm.model_executor.layers.quantization import gguf_triton as gt
 
     def qweight(rows: int, k: int, qtype: int) -> Any:
         return torch.empty(rows, k // 256 * GGUF_BYTES[qtype], dtype=torch.uint8)
@@ -361,12 +363,22 @@ def trace_gguf(rec: Recorder, target: Target, tp: int) -> None:
                     vgguf._fused_mul_mat_gguf_merged(
                         torch.empty(m, HIDDEN, dtype=torch.float16), padded, [0, Q_LORA], [Q_LORA, padded.shape[0]],
                         [q_a.shape[1], kv_a.shape[1]], [GGUF_Q5_K, GGUF_Q6_K])
+            else:
+                # beyond the dispatch's range the kernels' own table (DENSE_TABLE: the
+                # tensor-core form) is what the bench sweeps and a wider range would
+                # serve: compiled too, through the kernels' entry point
+                with rec.in_scenario(f"TP{tp} GGUF linears x{m} (kernel table)"), virtual_device(target):
+                    for _, w, qtype in dense:
+                        x = torch.empty(m, w.shape[1] // GGUF_BYTES[qtype] * 256, dtype=torch.float16)
+                        gt.gguf_linear(x, w, qtype)
+            ids = torch.stack([torch.randperm(EXPERTS)[:TOPK] for _ in range(m)]).to(torch.int32)
+            x, tw = torch.empty(m, HIDDEN, dtype=torch.float16), torch.empty(m, TOPK, dtype=torch.float32)
             if any(lo <= m <= hi for lo, hi in vgguf.TRITON_MOE_TOKENS):
                 with rec.in_scenario(f"TP{tp} GGUF routed experts x{m}"), virtual_device(target):
-                    ids = torch.stack([torch.randperm(EXPERTS)[:TOPK] for _ in range(m)]).to(torch.int32)
-                    vgguf._fused_moe_gguf(torch.empty(m, HIDDEN, dtype=torch.float16), w13, w2,
-                                          torch.empty(m, TOPK, dtype=torch.float32), ids, GGUF_Q4_K, GGUF_Q5_K,
-                                          "silu")
+                    vgguf._fused_moe_gguf(x, w13, w2, tw, ids, GGUF_Q4_K, GGUF_Q5_K, "silu")
+            else:
+                with rec.in_scenario(f"TP{tp} GGUF routed experts x{m} (kernel table)"), virtual_device(target):
+                    gt.gguf_moe(x, w13, w2, tw, ids, GGUF_Q4_K, GGUF_Q5_K)
     finally:
         vgguf.GGUF_KERNELS = saved
 

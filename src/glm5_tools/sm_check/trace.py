@@ -310,7 +310,7 @@ def untraced(records: list[LaunchRecord], modules: list[str]) -> list[str]:
 
     launched = {r.kernel for r in records}
     sources = [resolve(k).src for k in launched]
-    missing = []
+    defined: list[tuple[str, str, str]] = []  # (attr, name, source) of each module's JIT functions
     for module_name in modules:
         module = importlib.import_module(module_name)
         for attr, value in sorted(vars(module).items()):
@@ -319,8 +319,22 @@ def untraced(records: list[LaunchRecord], modules: list[str]) -> list[str]:
                 fn = getattr(fn, "fn", None)
             if fn is None or fn.module != module_name:
                 continue
-            name = kernel_name(fn)
-            if name in launched or any(f"{attr}(" in src for src in sources):
-                continue
-            missing.append(name)
-    return missing
+            defined.append((attr, kernel_name(fn), fn.src))
+    return unreached(launched, sources, defined)
+
+
+def unreached(launched: set[str], sources: list[str], defined: list[tuple[str, str, str]]) -> list[str]:
+    """Names of the JIT functions of defined ((attr, name, source) each) that are not
+    launched and not called (by attribute name) from a launched kernel's source
+    (sources) or, transitively, from a helper so reached."""
+    reached = {name for _, name, _ in defined if name in launched}
+    sources = list(sources)
+    grew = True
+    while grew:
+        grew = False
+        for attr, name, src in defined:
+            if name not in reached and any(f"{attr}(" in s for s in sources):
+                reached.add(name)
+                sources.append(src)
+                grew = True
+    return [name for _, name, _ in defined if name not in reached]
