@@ -25,8 +25,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = ("glm5", "preflight", "nvidia_driver", "cuda_toolkit", "ml_env", "flash_attn", "vllm_patches", "model",
-         "gpu_tuning", "nccl_check", "exposure", "tls_proxy", "gpu_exporter", "vllm_service", "vllm_router")
+# The roles of site.yml: the phase table's (playbooks/vars/phases.yml), and glm5, every
+# role's dependency. A role added to the run is scanned here without a change to this file.
+ROLES = ("glm5", *yaml.safe_load((ROOT / "playbooks/vars/phases.yml").read_text())["glm5_phases"])
 WRITERS = {"copy", "template", "file", "lineinfile", "blockinfile", "get_url", "unarchive", "deb822_repository",
            "openssl_privatekey", "openssl_csr", "x509_certificate"}
 READERS = {"set_fact", "assert", "debug", "include_tasks", "import_tasks", "include_role", "import_role", "stat",

@@ -197,6 +197,11 @@ def test_good_settings_pass_the_validation_phase(site, host):
     assert run.rc == 0, [e["event_data"]["res"].get("msg") for e in run.task_events()
                          if e["event"] == "runner_on_failed"]
     assert "Remember what this run validated on the host" in run.ok_tasks()
+    # Every role of the phase table that has checks, in the table's order, chosen once.
+    chosen = [e["event_data"]["res"]["ansible_facts"]["glm5__validate"] for e in run.task_events()
+              if e["event"] == "runner_on_ok" and e["event_data"]["task"].startswith("Choose the roles to validate")]
+    assert chosen == [["nvidia_driver", "cuda_toolkit", "ml_env", "flash_attn", "vllm_patches", "model", "gpu_tuning",
+                       "nccl_check", "exposure", "tls_proxy", "gpu_exporter", "vllm_service"]], chosen
     assert not [e for e in run.task_events() if e["event_data"].get("res", {}).get("changed")]
 
 
@@ -266,10 +271,12 @@ def test_only_the_failed_check_is_named(site, host):
     assert_in_time(run)
 
 
-@pytest.mark.parametrize("cmdline", ["--check --diff", "--tags service"])
-def test_check_mode_and_one_phase_are_validated_too(site, host, cmdline):
-    """--check, and --tags <phase>: the validation phase runs (tagged always) and refuses."""
-    run = site({"vllm_service_port": 0}, cmdline=cmdline)
+@pytest.mark.parametrize(("playbook", "cmdline"), [("site.yml", "--check --diff"), ("site.yml", "--tags service"),
+                                                ("playbooks/service.yml", None)])
+def test_check_mode_and_one_phase_are_validated_too(site, host, playbook, cmdline):
+    """--check, --tags <phase>, and a phase playbook run on its own: the validation phase
+    runs first (tagged always) and refuses."""
+    run = site({"vllm_service_port": 0}, playbook=playbook, cmdline=cmdline)
     _, lines = assert_refused_in_validation(run)
     assert any("vllm_service_port" in line for line in lines)
     assert_in_time(run)
