@@ -30,7 +30,8 @@ def make_site(dest: Path, version: str = "0.20.2") -> Path:
     """The patched files and a few others, with the dist-info's METADATA and the
     RECORD lines of exactly those files (the wheel's own digests)."""
     assert INSTALLED is not None, "needs the ml venv (.venv-ml) with the pinned vLLM"
-    files = targets() + UNPATCHED
+    # A file the set adds (0015's gguf_triton.py) is not in the wheel: the patch creates it.
+    files = [rel for rel in targets() if (INSTALLED / rel).exists()] + UNPATCHED
     for rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(INSTALLED / rel, dest / rel)
@@ -55,9 +56,19 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def pristine(site: Path) -> bool:
+def added() -> list[str]:
+    """The files the patch set adds (not in the wheel)."""
     assert INSTALLED is not None
-    return all((site / rel).read_bytes() == (INSTALLED / rel).read_bytes() for rel in targets())
+    return [rel for rel in targets() if not (INSTALLED / rel).exists()]
+
+
+def pristine(site: Path) -> bool:
+    """The wheel's files, and none of the files the set adds."""
+    assert INSTALLED is not None
+    return all(
+        not (site / rel).exists() if rel in added() else (site / rel).read_bytes() == (INSTALLED / rel).read_bytes()
+        for rel in targets()
+    )
 
 
 def originals(dest: Path) -> Path:
@@ -67,6 +78,8 @@ def originals(dest: Path) -> Path:
     assert INSTALLED is not None
     tree = dest / "archive-v0" / "test-entry"
     for rel in [*targets(), *UNPATCHED, "vllm-0.20.2.dist-info/RECORD"]:
+        if rel in added():
+            continue
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(INSTALLED / rel, tree / rel)
     return dest

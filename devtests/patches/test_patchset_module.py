@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sitecopy import INSTALLED, MODULE, PATCH_DIR, UNPATCHED, make_site, originals, pristine, snapshot, targets
+from sitecopy import (
+    INSTALLED,
+    MODULE,
+    PATCH_DIR,
+    UNPATCHED,
+    added,
+    make_site,
+    originals,
+    pristine,
+    snapshot,
+    targets,
+)
 
 pytestmark = pytest.mark.skipif(INSTALLED is None, reason="needs .venv-ml (pinned vLLM)")
 KILLHOOK = Path(__file__).resolve().parent / "killhook"
@@ -108,7 +119,10 @@ def test_reinstalled_tree_is_patched_again(tmp_path: Path) -> None:
     site = make_site(tmp_path / "site")
     module(tmp_path, site)
     for rel in targets():
-        (site / rel).write_bytes((INSTALLED / rel).read_bytes())  # type: ignore[operator]
+        if rel in added():
+            (site / rel).unlink()
+        else:
+            (site / rel).write_bytes((INSTALLED / rel).read_bytes())  # type: ignore[operator]
     result = module(tmp_path, site)
     assert result["changed"] and len(result["applied"]) == len(list(PATCH_DIR.glob("*.patch"))) and not pristine(site)
 
@@ -208,7 +222,8 @@ def test_wheel_file_as_source(tmp_path: Path, reference: dict[str, str]) -> None
     wheels.mkdir(parents=True)
     with zipfile.ZipFile(wheels / "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl", "w") as whl:
         for rel in [*targets(), *UNPATCHED, "vllm-0.20.2.dist-info/RECORD"]:
-            whl.write(INSTALLED / rel, rel)
+            if (INSTALLED / rel).exists():
+                whl.write(INSTALLED / rel, rel)
     site = make_site(tmp_path / "site")
     module(tmp_path, site)
     tamper(site / targets()[-1])
@@ -244,6 +259,23 @@ def test_absent_restores_an_edited_file_from_the_wheel(tmp_path: Path) -> None:
     gone = module(tmp_path, site, state="absent", sources=[str(originals(tmp_path / "cache"))])
     assert gone["changed"] and gone["repaired"] == [targets()[2]] and pristine(site), gone
     assert not (site / MANIFEST).exists()
+
+
+def test_a_file_the_set_adds(tmp_path: Path, reference: dict[str, str]) -> None:
+    """A file a patch creates (not in the wheel): written from the set; edited, written
+    again from the set with no source needed (named as repaired); removed when the set is
+    reversed; its manifest entry has no wheel's digest."""
+    (rel,) = added()
+    site = make_site(tmp_path / "site")
+    module(tmp_path, site)
+    assert (site / rel).is_file()
+    assert json.loads((site / MANIFEST).read_text())["pristine"][rel] is None
+    tamper(site / rel)
+    result = module(tmp_path, site)
+    assert result["changed"] and result["repaired"] == [rel], result
+    assert files(site) == reference
+    gone = module(tmp_path, site, state="absent")
+    assert gone["changed"] and pristine(site) and not (site / rel).exists(), gone
 
 
 def test_split_patch_covers_every_line() -> None:

@@ -37,6 +37,8 @@ description:
     truncated, missing) is taken from I(sources) (a uv cache, an offline bundle's
     wheels, an unpacked wheel) after its digest was checked against the RECORD there
     and here. When no source has it the module fails naming the file; nothing changed.
+  - A file the set adds (a diff from /dev/null) has no wheel's file: it is written from
+    the patches alone, and removed by I(state=absent).
   - The other files of the vLLM package are checked against the RECORD too
     (I(verify)) and restored the same way.
   - Every file is written to a temporary name, synced and renamed over the old one, so
@@ -306,6 +308,8 @@ class Tree:
             for rel, text in split_patch(patch.read_text(encoding="utf-8")).items():
                 self.parts.setdefault(rel, []).append((patch.name, text))
         self.targets = sorted(self.parts)
+        # Files the set adds (their first diff is from /dev/null): not in the wheel.
+        self.created = {rel for rel, parts in self.parts.items() if parts[0][1].startswith("--- /dev/null")}
 
     def run_patch(self, root: Path, text: str, *, reverse: bool) -> bool:
         cmd = [self.patch_binary, "-p1", "-s", "-f", "-N", "--no-backup-if-mismatch", "-d", str(root)]
@@ -315,8 +319,8 @@ class Tree:
         return bool(rc == 0)
 
     def reversed_to(self, rel: str, data: bytes, count: int) -> bytes | None:
-        """data with the first count patches of rel reversed, newest first; None when
-        one of them does not reverse."""
+        """data with the first count patches of rel reversed, newest first (b"" when
+        that removed the file); None when one of them does not reverse."""
         staging = Path(tempfile.mkdtemp(prefix="glm5-patchset-"))
         try:
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -324,24 +328,34 @@ class Tree:
             for _name, text in reversed(self.parts[rel][:count]):
                 if not self.run_patch(staging, text, reverse=True):
                     return None
-            return (staging / rel).read_bytes()
+            return (staging / rel).read_bytes() if (staging / rel).exists() else b""
         finally:
             shutil.rmtree(staging)
 
-    def recover(self, record: dict[str, tuple[str, int]]) -> dict[str, tuple[bytes, int]]:
+    def recover(self, record: dict[str, tuple[str, int]]) -> dict[str, tuple[bytes | None, int]]:
         """The wheel's bytes of each patched file the tree still has them for, and how
         many of the file's patches the tree has: the file itself when it has the RECORD
         digest (none), else the file with its patches reversed. First all patches on
         all such files at once (one patch run a patch: the usual converged tree), then,
         for a file that did not come back, each shorter prefix of its own patches alone
         (a run killed half-way, an older patch set). The RECORD digest decides, so a
-        reverse that applied with fuzz to an edited file is never taken."""
+        reverse that applied with fuzz to an edited file is never taken. A file the set
+        adds has no wheel's bytes (None): absent, or removed by reversing its patches."""
         disk = {rel: read_bytes(self.site / rel) for rel in self.targets}
-        out: dict[str, tuple[bytes, int]] = {}
+        out: dict[str, tuple[bytes | None, int]] = {}
+        for rel in sorted(self.created):
+            data = disk[rel]
+            if data is None:
+                out[rel] = (None, 0)
+                continue
+            for k in range(len(self.parts[rel]), 0, -1):
+                if self.reversed_to(rel, data, k) == b"":
+                    out[rel] = (None, k)
+                    break
         for rel, data in disk.items():
-            if data is not None and sha256_bytes(data) == record[rel][0]:
+            if rel not in self.created and data is not None and sha256_bytes(data) == record[rel][0]:
                 out[rel] = (data, 0)
-        todo = [rel for rel, data in disk.items() if data is not None and rel not in out]
+        todo = [rel for rel, data in disk.items() if data is not None and rel not in out and rel not in self.created]
         if not todo:
             return out
         staging = Path(tempfile.mkdtemp(prefix="glm5-patchset-"))
@@ -366,14 +380,16 @@ class Tree:
                     out[rel] = (candidate, k)
         return out
 
-    def patched(self, pristine: dict[str, bytes]) -> dict[str, bytes]:
+    def patched(self, pristine: dict[str, bytes | None]) -> dict[str, bytes]:
         """The wheel's files with every patch applied in order (on a staging copy);
         fails naming the patch that does not apply, nothing touched."""
         staging = Path(tempfile.mkdtemp(prefix="glm5-patchset-"))
         try:
             for rel in self.targets:
                 (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-                (staging / rel).write_bytes(pristine[rel])
+                original = pristine[rel]
+                if original is not None:
+                    (staging / rel).write_bytes(original)
             for patch in self.patches:
                 if not self.run_patch(staging, patch.read_text(encoding="utf-8"), reverse=False):
                     self.module.fail_json(
@@ -538,7 +554,7 @@ def main() -> None:
     except OSError as exc:
         module.fail_json(msg=f"cannot read vLLM's RECORD {record_path}: {exc}; nothing was changed")
         return
-    missing = [rel for rel in tree.targets if rel not in record]
+    missing = [rel for rel in tree.targets if rel not in record and rel not in tree.created]
     if missing:
         module.fail_json(
             msg=f"{', '.join(missing)} not in {record_path} (the files the patch set changes "
@@ -548,17 +564,21 @@ def main() -> None:
 
     # The wheel's own bytes of every patched file: from the tree where it still has
     # them (itself or its patches reversed), else from a source.
-    pristine: dict[str, bytes] = {}
+    pristine: dict[str, bytes | None] = {}
     has: dict[str, int] = {}
     repaired: list[str] = []
     unobtainable: list[str] = []
     recovered = tree.recover(record)
     for rel in tree.targets:
-        digest = record[rel][0]
         if rel in recovered:
             pristine[rel], has[rel] = recovered[rel]
             continue
-        original = sources.original(rel, digest)
+        if rel in tree.created:
+            # Neither absent nor what the set makes it: written again from the set itself.
+            pristine[rel], has[rel] = None, 0
+            repaired.append(rel)
+            continue
+        original = sources.original(rel, record[rel][0])
         if original is None:
             unobtainable.append(rel)
         else:
@@ -590,20 +610,27 @@ def main() -> None:
         ]
         module.fail_json(msg="\n".join(lines), unobtainable=sorted(unobtainable))
 
-    want_files = tree.patched(pristine) if present else pristine
-    files = {rel: sha256_bytes(data) for rel, data in want_files.items()}
+    # What each file must hold: bytes, or None for a file that must not exist (a file
+    # the set adds, when the set is reversed).
+    want_files: dict[str, bytes | None] = dict(tree.patched(pristine)) if present else pristine
+    files = {rel: sha256_bytes(content) for rel, content in want_files.items() if content is not None}
     data = {
         "patchset_version": want,
         "vllm_version": vllm_version,
         "patches": {p.name: sha256_file(p) for p in patches},
-        "pristine": {rel: record[rel][0] for rel in tree.targets},
+        # The wheel's digest of each patched file (null: a file the set adds).
+        "pristine": {rel: record[rel][0] if rel in record else None for rel in tree.targets},
         "files": files,
     }
-    writes: dict[str, bytes] = dict(restore)
+    writes: dict[str, bytes | None] = dict(restore)
     for rel in tree.targets:
         current = read_bytes(site / rel)
-        if current is None or sha256_bytes(current) != files[rel]:
-            writes[rel] = want_files[rel]
+        target = want_files[rel]
+        if target is None:
+            if current is not None or (site / rel).is_symlink():
+                writes[rel] = None
+        elif current != target:
+            writes[rel] = target
     # The patches this run applies (present) or reverses (absent) in some file.
     touched: set[str] = set()
     for rel in tree.targets:
@@ -630,6 +657,9 @@ def main() -> None:
         path.unlink()
     for rel, content in sorted(writes.items()):
         path = site / rel
+        if content is None:
+            path.unlink(missing_ok=True)
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
         mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o644
         write_file(path, content, mode)
