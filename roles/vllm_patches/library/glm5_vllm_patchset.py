@@ -406,13 +406,12 @@ class Tree:
 def write_file(path: Path, data: bytes, mode: int) -> None:
     """Replace path with data: a temporary file beside it, synced, renamed over it."""
     tmp = path.with_name(f".{path.name}{_NEW_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fchmod(handle.fileno(), mode)
+        os.fsync(handle.fileno())
     tmp.replace(path)
 
 
