@@ -32,8 +32,8 @@ WRITERS = {"copy", "template", "file", "lineinfile", "blockinfile", "get_url", "
 READERS = {"set_fact", "assert", "debug", "include_tasks", "import_tasks", "include_role", "import_role", "stat",
            "slurp", "uri", "fail", "meta", "validate_argument_spec", "setup", "include_vars", "find", "wait_for",
            "package_facts", "pause", "async_status", "getent", "fetch", "service_facts", "x509_certificate_info",
-           "glm5_tree_state", "glm5_model_layout", "glm5_port_owner", "glm5_offline_bundle", "glm5_run_inputs",
-           "glm5_model_verify", "script"}
+           "glm5_tree_state", "glm5_model_layout", "glm5_host_probe", "glm5_offline_bundle", "glm5_run_inputs",
+           "glm5_model_verify", "glm5_warn", "script"}
 # Paths that cannot be resolved from defaults (loop items, registered results) and why
 # the probe covers them: "<role>: <task name>" -> reason.
 UNRESOLVED = {
