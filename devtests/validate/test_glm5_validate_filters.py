@@ -144,7 +144,8 @@ def test_refusals_leave_out_what_an_earlier_role_refused(v):
              "vllm_service_port (glm5_api_port) = 0 is refused; expected a TCP port 1-65535."]
     assert v.glm5_refusals(later, before) == [later[2]]
     # A role variable refused by an earlier role is not refused again under its own name.
-    assert v.glm5_refusals(["nvidia_driver_branch = '470' ..."], ["nvidia_driver_branch (glm5_nvidia_driver_branch) = ..."]) == []
+    earlier = ["nvidia_driver_branch (glm5_nvidia_driver_branch) = ..."]
+    assert v.glm5_refusals(["nvidia_driver_branch = '470' ..."], earlier) == []
     # Two bad items of one list, in one call: both lines stay.
     items = ["exposure_allowed_sources has 'a'; expected CIDRs.", "exposure_allowed_sources has 'b'; expected CIDRs."]
     assert v.glm5_refusals(items, before) == items

@@ -74,7 +74,8 @@ def test_types(v, kind, good, bad):
 
 
 def test_list_elements_and_choices(v):
-    spec = _spec(v, {"ports": {"type": "list", "elements": "int"}, "mode": {"type": "str", "choices": ["auto", "never"]},
+    spec = _spec(v, {"ports": {"type": "list", "elements": "int"},
+                     "mode": {"type": "str", "choices": ["auto", "never"]},
                      "n": {"type": "int", "choices": [0, 1, 2, 3]}})
     lines = v.glm5_spec_refusals(spec, [[9400, "x", 8.5], "sometimes", "4"])
     assert lines == [
@@ -172,7 +173,8 @@ def _probe(**kw: Any) -> dict[str, Any]:
 
 
 def _path(v, name, value, writes=True):
-    return v.glm5_host_items([{"kind": "path", "name": name, "var": name.split(" ")[0], "value": value, "writes": writes}])
+    item = {"kind": "path", "name": name, "var": name.split(" ")[0], "value": value, "writes": writes}
+    return v.glm5_host_items([item])
 
 
 def test_path_through_a_link_into_a_system_directory(v):
@@ -227,9 +229,11 @@ def test_trailing_slash_normalized_and_checked_once(v):
     ])
     assert [i["value"] for i in items] == ["/srv/models/glm-5", "/opt/ml-env", "/opt/ca.pem/"]
     assert v.glm5_host_normalized(items) == [
-        {"var": "model_dir", "value": "/srv/models/glm-5", "name": "model_dir (glm5_model_dir)", "raw": "/srv/models/glm-5/"},
+        {"var": "model_dir", "value": "/srv/models/glm-5", "name": "model_dir (glm5_model_dir)",
+         "raw": "/srv/models/glm-5/"},
         {"var": "ml_env_path", "value": "/opt/ml-env", "name": "ml_env_path (glm5_venv_path)", "raw": "/opt/ml-env/"},
-        {"var": "glm5_venv_path", "value": "/opt/ml-env", "name": "ml_env_path (glm5_venv_path)", "raw": "/opt/ml-env/"},
+        {"var": "glm5_venv_path", "value": "/opt/ml-env", "name": "ml_env_path (glm5_venv_path)",
+         "raw": "/opt/ml-env/"},
     ]
     entries = v.glm5_host_normalized(items)
     # After the set_fact: glm5_venv_path still holds the spelling (given with -e).
@@ -243,7 +247,8 @@ def test_trailing_slash_normalized_and_checked_once(v):
     ({"exists": True, "is_file": False}, "is not a file"),
     ({"exists": True, "is_file": True, "certificates": 0, "error": "[X509: NO_CERTIFICATE_OR_CRL_FOUND]"},
      "does not load as a CA bundle ([X509: NO_CERTIFICATE_OR_CRL_FOUND])"),
-    ({"exists": True, "is_file": True, "certificates": 0, "error": ""}, "does not load as a CA bundle (no certificate in it)"),
+    ({"exists": True, "is_file": True, "certificates": 0, "error": ""},
+     "does not load as a CA bundle (no certificate in it)"),
 ])
 def test_ca_bundle(v, answer, why):
     items = v.glm5_host_items([{"kind": "pem", "name": "glm5_ca_bundle", "value": "/x/ca.pem"},
@@ -273,7 +278,8 @@ def test_ssh_port_refused_even_when_nothing_listens(v):
         "gpu_exporter_port (glm5_gpu_exporter_port) = 2200 is SSH's port (/etc/ssh/sshd_config: Port 2200);"
         " expected another port (SSH must stay reachable)."]
     # The port this run connects on (from the controller).
-    lines = v.glm5_host_refusals(v.glm5_host_items([_port(v, "api", 2022)]), _probe(), ssh_extra={"2022": "ansible_port"})
+    lines = v.glm5_host_refusals(v.glm5_host_items([_port(v, "api", 2022)]), _probe(),
+                                 ssh_extra={"2022": "ansible_port"})
     assert lines and "is SSH's port (ansible_port)" in lines[0]
 
 
@@ -317,8 +323,8 @@ def test_only_the_first_cause_of_a_port(v):
 
 def test_held_port_names_process_and_unit(v):
     item = _port(v, "api", 2222, unit="vllm-glm-5.service")
-    listeners = {"2222": [{"pid": 41, "command": "/usr/bin/python3 -m http.server 2222", "unit": "glm5-other-app.service",
-                           "uid": 0}]}
+    listeners = {"2222": [{"pid": 41, "command": "/usr/bin/python3 -m http.server 2222",
+                           "unit": "glm5-other-app.service", "uid": 0}]}
     assert v.glm5_host_refusals(v.glm5_host_items([item]), _probe(listeners=listeners)) == [
         "vllm_service_port (glm5_api_port) = 2222 is in use by '/usr/bin/python3 -m http.server 2222'"
         " (pid 41, glm5-other-app.service), not by vllm-glm-5.service; expected a free port or the service's own."]
@@ -337,7 +343,8 @@ def test_held_port_names_process_and_unit(v):
 def test_rename_the_old_unit_of_the_same_role_may_hold_the_port(v):
     item = _port(v, "api", 8000, unit="vllm-glm-5b.service", own_glob="/etc/glm5/*.cmdline", own_units=".*")
     old = {"8000": [{"pid": 7, "command": "vllm serve", "unit": "vllm-glm-5.service", "uid": 999}]}
-    assert v.glm5_host_refusals(v.glm5_host_items([item]), _probe(listeners=old, glob_units=["vllm-glm-5.service"])) == []
+    recorded = _probe(listeners=old, glob_units=["vllm-glm-5.service"])
+    assert v.glm5_host_refusals(v.glm5_host_items([item]), recorded) == []
     # Without the role's record of that unit (another program named vllm-*): refused.
     assert v.glm5_host_refusals(v.glm5_host_items([item]), _probe(listeners=old, glob_units=[]))
 
@@ -365,7 +372,9 @@ def test_fixture_and_example_inventories_declare_nothing_unknown(v):
 
     declared = v.glm5_declared_settings(str(ROOT / "roles"))
     names: set[str] = set()
-    for path in [*ROOT.glob("molecule/fixtures/group_vars/*/*.yml"), *ROOT.glob("inventory/production/group_vars/*/*.yml")]:
+    inventories = [*ROOT.glob("molecule/fixtures/group_vars/*/*.yml"),
+                   *ROOT.glob("inventory/production/group_vars/*/*.yml")]
+    for path in inventories:
         names |= set(yaml.safe_load(path.read_text()) or {})
     assert names and v.glm5_unknown_settings(names, declared) == []
 
@@ -411,7 +420,8 @@ def test_other_flags_pass(policy, flag_policy, args):
 def test_environment_policy(policy):
     import yaml
 
-    refused = yaml.safe_load((ROOT / "roles/vllm_service/vars/main.yml").read_text())["vllm_service_refused_environment"]
+    role_vars = yaml.safe_load((ROOT / "roles/vllm_service/vars/main.yml").read_text())
+    refused = role_vars["vllm_service_refused_environment"]
     lines = policy.vllm_service_environment_refusals(
         {"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "0", "HF_TOKEN": "", "NCCL_DEBUG": "INFO",
          "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0", "TRANSFORMERS_OFFLINE": "1"}, refused)
@@ -429,7 +439,8 @@ def test_probe_resolves_links(probe, tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     answers = probe.resolve([str(tmp_path / "link" / "not-yet"), str(tmp_path / "real")])
-    assert answers[str(tmp_path / "link" / "not-yet")] == {"realpath": str(tmp_path / "real" / "not-yet"), "exists": False}
+    expected = {"realpath": str(tmp_path / "real" / "not-yet"), "exists": False}
+    assert answers[str(tmp_path / "link" / "not-yet")] == expected
     assert answers[str(tmp_path / "real")]["exists"] is True
 
 

@@ -15,7 +15,7 @@ from ansible.utils.display import Display
 display = Display()
 
 
-class ActionModule(ActionBase):
+class ActionModule(ActionBase):  # type: ignore[misc]  # ansible-core ships no type stubs
     """glm5_warn: msg (a string or a list of strings)."""
 
     TRANSFERS_FILES = False
