@@ -48,6 +48,8 @@ UNRESOLVED = {
     "flash_attn: Write the build stamp (version, archs, torch)": "a file in the ml-env venv (as above)",
     "vllm_service: Record the last good unit, the one before it as <unit>.previous": "copies beside the unit "
     "file, in vllm_service_unit_dir (/etc/systemd/system)",
+    "vllm_service: Remove the units of an earlier served name and their records": "units in /etc/systemd/system"
+    " and their records in vllm_service_config_dir (/etc/glm5)",
 }
 # Caches: a full run that needs one makes it again; nothing the service runs or reads is
 # in it (what is installed from it is under /opt). Not host state of the deployment.
