@@ -131,12 +131,12 @@ ROWS: list[tuple[str, dict[str, Any], list[list[str]]]] = [
         "glm5_ca_bundle": "/etc/hostname", "glm5_https_proxy": "not a url",
         "glm5_http_proxy": f"http://alice:{SECRET_MARK}@proxy.example:99999",
         "glm5_pip_index_url": "ftp://mirror.example/simple", "nvidia_driver_repo_key_url": "mirror.example/key.pub"},
-     [["glm5_ca_bundle = '/etc/hostname'", "does not load as a CA bundle", CA_FORM],
+     [["glm5_ca_bundle", "'/etc/hostname'", "does not load as a CA bundle", CA_FORM],
       ["glm5_https_proxy = 'not a url'", "space"], ["glm5_http_proxy = 'http://***@proxy.example:99999'", "port"],
       ["glm5_pip_index_url", "'ftp://mirror.example/simple'", "scheme ftp"],
       ["nvidia_driver_repo_key_url", "'mirror.example/key.pub'", "no scheme"]]),
     ("ca-bundle-missing", {"glm5_ca_bundle": "/nonexistent/ca.pem", "ml_env_https_proxy": "http://proxy.example:3128/x"},
-     [["glm5_ca_bundle = '/nonexistent/ca.pem'", "does not exist", CA_FORM],
+     [["glm5_ca_bundle", "'/nonexistent/ca.pem'", "does not exist", CA_FORM],
       ["ml_env_https_proxy", "'http://proxy.example:3128/x'", "no path"]]),
     # Ports a service must not or cannot take: SSH's (nothing listens on 22 here), the
     # privileged range (vLLM runs without capabilities), another service's of the project.
