@@ -37,7 +37,11 @@ def start_container(prefix: str, volumes: Sequence[str] = ()) -> Iterator[str]:
         "run", "-d", "--name", name, "--cap-add", "SYS_ADMIN",
         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
         "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        "--tmpfs", "/run", "--tmpfs", "/run/lock", *(a for v in volumes for a in ("-v", v)), IMAGE, "/sbin/init",
+        "--tmpfs", "/run", "--tmpfs", "/run/lock",
+        # The kernel's default privileged port range, as on a real host (Docker opens it
+        # to every port inside a container: ports below 1024 must be refused here too).
+        "--sysctl", "net.ipv4.ip_unprivileged_port_start=1024",
+        *(a for v in volumes for a in ("-v", v)), IMAGE, "/sbin/init",
     )
     try:
         deadline = time.monotonic() + 60

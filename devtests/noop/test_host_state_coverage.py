@@ -32,8 +32,8 @@ WRITERS = {"copy", "template", "file", "lineinfile", "blockinfile", "get_url", "
 READERS = {"set_fact", "assert", "debug", "include_tasks", "import_tasks", "include_role", "import_role", "stat",
            "slurp", "uri", "fail", "meta", "validate_argument_spec", "setup", "include_vars", "find", "wait_for",
            "package_facts", "pause", "async_status", "getent", "fetch", "service_facts", "x509_certificate_info",
-           "glm5_tree_state", "glm5_model_layout", "glm5_port_owner", "glm5_offline_bundle", "glm5_run_inputs",
-           "glm5_model_verify", "glm5_dpkg_lock", "script"}
+           "glm5_tree_state", "glm5_model_layout", "glm5_host_probe", "glm5_offline_bundle", "glm5_run_inputs",
+           "glm5_model_verify", "glm5_dpkg_lock", "glm5_warn", "script"}
 # Paths that cannot be resolved from defaults (loop items, registered results) and why
 # the probe covers them: "<role>: <task name>" -> reason.
 UNRESOLVED = {
@@ -47,6 +47,8 @@ UNRESOLVED = {
     "flash_attn: Write the build stamp (version, archs, torch)": "a file in the ml-env venv (as above)",
     "vllm_service: Record the last good unit, the one before it as <unit>.previous": "copies beside the unit "
     "file, in vllm_service_unit_dir (/etc/systemd/system)",
+    "vllm_service: Remove the units of an earlier served name and their records": "units in /etc/systemd/system"
+    " and their records in vllm_service_config_dir (/etc/glm5)",
 }
 # Caches: a full run that needs one makes it again; nothing the service runs or reads is
 # in it (what is installed from it is under /opt). Not host state of the deployment.
