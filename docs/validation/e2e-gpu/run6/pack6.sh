@@ -7,7 +7,7 @@
 #                manylinux, less what serving never loads: vLLM's FlashAttention 2 library
 #                (below SM 9.0 only), xgrammar's static lib/libxgrammar.a; the CUDA
 #                libraries of vLLM (_C, _moe_C, _C_stable_libtorch, _flashmla_C, FA3) with
-#                the other SMs' cubins zeroed (sparse-speed/strip_fatbin.py, SM 90 kept)
+#                the other SMs' cubins zeroed (tools/gpu/strip_fatbin.py, SM 90 kept)
 #   gguf         tiny-glm5-topk32's UD-Q4_K_XL GGUF (index_topk 32). The main fixture's
 #                unsplit GGUF differs from it in two bytes (the glm-dsa index_topk value,
 #                2048 instead of 32): serve6.sh makes it there and checks its sha256
@@ -55,7 +55,7 @@ if [ ! -f "$out/site.tar.xz" ]; then
     --platform manylinux_2_17_x86_64 --only-binary=:all: "$wheels_in"/*.whl
   rm -f "$out/site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$out/site/xgrammar/lib/libxgrammar.a"
   for so in _C _moe_C _C_stable_libtorch _flashmla_C vllm_flash_attn/_vllm_fa3_C; do
-    python3 docs/validation/sparse-speed/strip_fatbin.py "$out/site/vllm/$so.abi3.so" "$out/site/vllm/$so.abi3.so" 90
+    python3 tools/gpu/strip_fatbin.py "$out/site/vllm/$so.abi3.so" "$out/site/vllm/$so.abi3.so" 90
   done
   tar -C "$out/site" -cf - . | xz -T2 -6 > "$out/site.tar.xz"
   rm -rf "$out/site"
