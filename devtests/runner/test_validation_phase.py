@@ -323,8 +323,11 @@ def test_table_timing(table):
           f"{sum(len(r[2]) for r in ROWS)} bad values)")
     out = os.environ.get("GLM5_VALIDATE_TIMES")
     if out:
+        overrides = {r[0]: r[1] for r in ROWS}
         Path(out).write_text(json.dumps(
-            {row: {"refusal_s": round(refusal_seconds(run, run.first_failure()), 1), "wall_s": round(wall, 1)}
+            {row: {"refusal_s": round(refusal_seconds(run, run.first_failure()), 1), "wall_s": round(wall, 1),
+                   "overrides": overrides[row],
+                   "lines": str(run.first_failure()["event_data"]["res"]["msg"]).splitlines()}
              for row, (run, wall) in table.items()}, indent=1))
     assert len(times) == len(ROWS)
     assert sum(len(r[2]) for r in ROWS) >= 60
@@ -348,8 +351,10 @@ def test_equivalent_and_legitimate_settings_accepted(site, host):
     assert "glm5_tensor_paralel_size is set, but no role declares it; did you mean glm5_tensor_parallel_size?" in (
         " ".join(stdout(run).split()))
     task = "Take a path written with a trailing '/' as the same path without it"
-    normalized = [e["event_data"]["res"].get("ansible_facts", {}) for e in run.task_events()
-                  if e["event_data"].get("task") == task and e["event"] == "runner_on_ok"]
+    # A loop: each item's facts are in the task result's "results".
+    normalized = [item.get("ansible_facts", {}) for e in run.task_events()
+                  if e["event_data"].get("task") == task and e["event"] == "runner_on_ok"
+                  for item in e["event_data"]["res"].get("results", [])]
     assert {"model_dir": "/srv/models/glm-5"} in normalized, normalized
 
 
@@ -360,10 +365,12 @@ def test_several_bad_values_one_line_each(site, host):
         "vllm_service_gpu_memory_utilization": 1.5,
         "flash_attn_max_jobs": -1,
         "glm5_model_dir": "/srv/models/../x",
+        "glm5_apt_lock_timeout": 0,
     })
     _, lines = assert_refused_in_validation(run)
     expected = ["glm5_served_model_name", "vllm_service_port = 70000",
-                "vllm_service_gpu_memory_utilization = 1.5", "flash_attn_max_jobs = -1", "glm5_model_dir"]
+                "vllm_service_gpu_memory_utilization = 1.5", "flash_attn_max_jobs = -1", "glm5_model_dir",
+                "glm5_apt_lock_timeout = '0' is refused; expected whole seconds, 1 or more."]
     for text in expected:
         assert len([line for line in lines if text in line]) == 1, (text, lines)
     assert len(lines) == len(expected), lines

@@ -158,6 +158,15 @@ def test_url_refused(v, value, kind, why):
     assert "expected" in line and "\n" not in line
 
 
+def test_url_accepted_form_names_what_the_url_is_for(v):
+    """A repository's key URL is not a package index: the accepted form says so."""
+    key = v.glm5_url_problem("mirror.example/key.pub", "nvidia_driver_repo_key_url", "url")
+    assert "no scheme://" in key and key.endswith("expected a URL http(s)://host[:port]/path or file:///path.")
+    index = v.glm5_url_problem("mirror.example/simple", "glm5_pip_index_url", "index")
+    assert index.endswith("expected an index URL http(s)://host[:port]/path or file:///path.")
+    assert v.glm5_url_problem("https://mirror.example/key.pub", "nvidia_driver_repo_key_url", "url") == ""
+
+
 def test_url_password_never_printed(v):
     line = v.glm5_url_problem("http://alice:s3cret@proxy:99999", "glm5_http_proxy", "proxy")
     assert "s3cret" not in line and "alice" not in line and "'http://***@proxy:99999'" in line

@@ -185,17 +185,18 @@ def _mask(url: str) -> str:
 
 
 def glm5_url_problem(value: Any, name: str, kind: str = "proxy", allow_empty: bool = True) -> str:
-    """'' when ``value`` parses as a ``kind`` URL (proxy or index), else one sentence.
+    """'' when ``value`` parses as a ``kind`` URL (proxy, index or url), else one sentence.
 
     proxy: scheme http, https, socks5 or socks5h, a host, an optional port 1-65535, no
-    path. index: http(s) with a host (optional port, any path), or file:///path. User
-    information (user:password@) is never printed.
+    path. index (a package index) and url (any other download, e.g. a repository's key):
+    http(s) with a host (optional port, any path), or file:///path. User information
+    (user:password@) is never printed.
     """
     schemes = PROXY_SCHEMES if kind == "proxy" else INDEX_SCHEMES
     accepted = (
         "a proxy URL scheme://host[:port] (scheme " + ", ".join(schemes) + ")"
         if kind == "proxy"
-        else "an index URL http(s)://host[:port]/path or file:///path"
+        else ("an index URL" if kind == "index" else "a URL") + " http(s)://host[:port]/path or file:///path"
     )
     if value is None or value == "":
         return "" if allow_empty else f"{name} is empty; expected {accepted}."
