@@ -27,8 +27,11 @@ def _cell(text: str) -> str:
 
 
 def _value(value: Any) -> str:
-    shown = json.dumps(value)
-    return "(a value holding a secret)" if SECRET_MARK in shown else f"`{shown}`"
+    """The value as JSON, the test's secret as ***, a long value cut to its start and length."""
+    shown = json.dumps(value).replace(SECRET_MARK, "***")
+    if len(shown) > 60:
+        shown = f"{shown[:20]}... ({len(shown)} characters)"
+    return f"`{shown}`"
 
 
 def line_variable(line: str, overrides: dict[str, Any]) -> tuple[str, str]:

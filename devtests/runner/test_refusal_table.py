@@ -15,6 +15,8 @@ def test_the_variable_and_its_value_from_the_line_and_the_row():
     # A derived variable the row did not set: named, its value left to the message.
     assert line_variable("model_dir (glm5_model_dir) = '/x' is refused", overrides) == ("model_dir", "")
     assert line_variable("Refused.", overrides) == ("", "")
+    assert line_variable("glm5_served_model_name is long", {"glm5_served_model_name": "n" * 300}) == (
+        "glm5_served_model_name", '`"nnnnnnnnnnnnnnnnnnn... (302 characters)`')
 
 
 def test_secrets_and_table_syntax_never_leak_into_the_doc():
@@ -24,6 +26,6 @@ def test_secrets_and_table_syntax_never_leak_into_the_doc():
     assert SECRET_MARK not in table
     rows = table.splitlines()
     assert len(rows) == 4
-    assert rows[2] == ("| key | `vllm_service_api_key` | (a value holding a secret)"
+    assert rows[2] == ('| key | `vllm_service_api_key` | `"***\\nX=1"`'
                        " | vllm_service_api_key = *** is refused | 4.2 |")
     assert "a\\|b" in rows[3] and rows[3].count(" | ") == 4
