@@ -96,7 +96,7 @@ def test_driver_and_toolkit_held(apt_host):
 
 
 def test_branch_pinned_by_nvidias_pinning_package(apt_host):
-    """Issue 14 item 7: the branch comes from NVIDIA's nvidia-driver-pinning-<branch>
+    """The branch comes from NVIDIA's nvidia-driver-pinning-<branch>
     (here its fake_nvidia_repo double), installed before the driver; the repository's
     nvidia-persistenced of the newer branch 590 is not taken."""
     status = apt_host.check_output(f"dpkg-query -W -f='${{db:Status-Status}}' nvidia-driver-pinning-{BRANCH}")
@@ -106,7 +106,7 @@ def test_branch_pinned_by_nvidias_pinning_package(apt_host):
 
 
 def test_own_pin_names_nvidias_origin_only(apt_host):
-    """Issue 14 item 7: the role's own preferences no longer pin a version glob for every
+    """The role's own preferences no longer pin a version glob for every
     origin; they name NVIDIA's repository (Origin NVIDIA, Label NVIDIA CUDA), and apt
     applies them to its packages of the branch."""
     pref = apt_host.file("/etc/apt/preferences.d/nvidia-driver-pin.pref").content_string

@@ -70,7 +70,7 @@ def writable_by(host, user: str, paths: tuple[str, ...] = ROOT_RUN_PATHS) -> lis
 
 
 def test_venv_owned_by_root(host):
-    """Issue 19 item 5 (failing first: the role handed the venv to the service account)."""
+    """Root owns the venv (failing first: the role handed the venv to the service account)."""
     target = host.file(ML_ENV).linked_to
     # bin/python is a symlink to the system interpreter (root's): check real venv files.
     for path in (f"{target}/pyvenv.cfg", f"{target}/lib", f"{target}/bin"):
@@ -78,7 +78,7 @@ def test_venv_owned_by_root(host):
 
 
 def test_service_user_cannot_write_what_root_runs(host):
-    """Issue 19 item 5: root runs the venv's python (argcheck, nccl_check, diagnostics, the
+    """Root runs the venv's python (argcheck, nccl_check, diagnostics, the
     patch module, flash_attn's build) and the shipped tools, so the service account must
     not be able to write any file or directory of them (site-packages, .pth files, bin/,
     the patched vLLM files). Without the service account on the host (a python_env-only
@@ -89,7 +89,7 @@ def test_service_user_cannot_write_what_root_runs(host):
 
 
 def test_no_world_writable_file_in_venv(host):
-    """Issue 14 item 9 (failing first): uv creates its `.lock` in the venv with mode 0666
+    """Failing first: uv creates its `.lock` in the venv with mode 0666
     (found on a converged host), so any local user could write into the service's venv
     directory's files. Nothing under the venv (the versioned directory behind the link,
     symlinks aside) may be writable by others. Failed on a venv built by the old role

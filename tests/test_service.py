@@ -147,7 +147,7 @@ def _exec_start(host, service) -> list[str]:
 
 
 def test_guarded_flags_once_and_context_capped(host, service):
-    """Issue 14 item 4: each flag the role guards appears once on the command line (no
+    """Each flag the role guards appears once on the command line (no
     override from vllm_service_extra_args); with dense attention --max-model-len is at
     most index_topk unless vllm_service_allow_long_context, with sparse at least index_topk
     (the model's limit bounded by the KV cache: role vllm_service's validate.yml)."""
@@ -170,7 +170,7 @@ def test_guarded_flags_once_and_context_capped(host, service):
 
 
 def test_unit_environment_has_nccl_settings(host, service):
-    """Issue 14 item 8: NCCL's and gloo's sockets on the configured interface (lo: one
+    """NCCL's and gloo's sockets on the configured interface (lo: one
     host), and the fallback role nccl_check recorded (/etc/glm5/nccl-check.json) in the
     running unit's environment; without a recorded fallback, no NCCL_P2P_* variable."""
     shown = host.run(f"systemctl show -p Environment --value {service.unit}.service")

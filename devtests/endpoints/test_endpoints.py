@@ -70,7 +70,7 @@ def test_clients_use_the_one_derivation(path):
     assert not re.search(r"https?://(127\.0\.0\.1|\{\{)", text), f"{path} builds a URL of its own"
 
 
-# Issue 22's router: its own addresses and its backends' URLs through the same filter
+# A fleet's router: its own addresses and its backends' URLs through the same filter
 # (glm5_endpoints), the backends' ports with glm5_api_endpoints' precedence.
 ROUTER = [
     "roles/vllm_router/vars/main.yml",

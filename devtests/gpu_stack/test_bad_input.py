@@ -68,7 +68,7 @@ def test_unknown_branch_refused_naming_choices(tmp_path):
 
 
 def test_branch_590_refused_for_its_unversioned_package_names(tmp_path):
-    """Issue 14 item 7: from 590 NVIDIA drops the branch from the package names
+    """From 590 NVIDIA drops the branch from the package names
     (nvidia-open, libnvidia-compute, nvidia-dkms-open) and selects the branch only with
     nvidia-driver-pinning-590; the role's per-branch names and holds do not exist there.
     Failed first: 590 was in the known branches and passed validation (rc 0)."""

@@ -157,7 +157,7 @@ DPKG_UPGRADED = (
 
 
 def test_precompiled_missing_kernels(drv):
-    """Issue 14 item 6: a kernel in /boot without Ubuntu's signed module package for it
+    """A kernel in /boot without Ubuntu's signed module package for it
     boots without a GPU. Failed first: the filter did not exist (AttributeError)."""
     kernels = ["6.8.0-45-generic", "6.8.0-50-generic"]
     assert drv.precompiled_missing_kernels(DPKG_UPGRADED, kernels, "580") == ["6.8.0-50-generic"]
@@ -167,7 +167,7 @@ def test_precompiled_missing_kernels(drv):
 
 
 def test_driver_hold_list_holds_kernel_meta_packages_with_the_signed_modules(drv):
-    """Issue 14 item 6: on the Secure Boot path the kernel meta packages are held with the
+    """On the Secure Boot path the kernel meta packages are held with the
     signed modules, so that no kernel arrives without its module. Failed first: only the
     driver name patterns were held (the filter did not exist)."""
     patterns = ["^nvidia-", "^libnvidia-", "^linux-modules-nvidia-"]

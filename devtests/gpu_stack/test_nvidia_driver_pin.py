@@ -1,4 +1,4 @@
-"""Role nvidia_driver's own apt preferences name NVIDIA's origin only (issue 14 item 7).
+"""Role nvidia_driver's own apt preferences name NVIDIA's origin only.
 
 Renders templates/nvidia-driver-pin.pref.j2 as Ansible does (jinja2, the role's variables)
 and checks what apt would read. The branch itself is pinned by NVIDIA's

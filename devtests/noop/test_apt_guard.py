@@ -1,4 +1,4 @@
-"""Issue 19 item 6: the apt guards (roles/glm5/tasks/apt.yml) skip an install only when
+"""The no-op shortcut's apt guards (roles/glm5/tasks/apt.yml) skip an install only when
 apt's state=present would find nothing to do; everything else lets apt run."""
 
 from __future__ import annotations

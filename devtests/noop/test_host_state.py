@@ -1,4 +1,4 @@
-"""Issue 19 item 6, the no-op shortcut: module glm5_host_state's snapshot sees every kind
+"""The no-op shortcut: module glm5_host_state's snapshot sees every kind
 of change under a root (content, mode, owner, rename, removal, a new entry, a link's
 target, a content rewrite with the old mtime put back), keeps to its depth, walks a
 nested root once, and the comparison with the record names what differs."""

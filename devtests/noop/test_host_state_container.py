@@ -1,4 +1,4 @@
-"""Issue 19 item 6, the no-op shortcut on a real systemd host (the molecule test image):
+"""The no-op shortcut on a real systemd host (the molecule test image):
 module glm5_host_state, run by Ansible, records the state and then sees each drift an
 operator or another tool can cause between two runs (a unit stopped or disabled, a
 package held, a file under /etc changed with its times put back), says which part

@@ -1,4 +1,4 @@
-"""Issue 19 item 6, the no-op shortcut is only safe if the host state it probes covers
+"""The no-op shortcut is only safe if the host state it probes covers
 everything the roles of site.yml manage. This test reads every task and handler of those
 roles and fails on one the probe would not see change:
 

@@ -1,4 +1,4 @@
-"""Issue 19 item 6, the no-op shortcut: action plugin glm5_run_inputs digests what a run
+"""The no-op shortcut: action plugin glm5_run_inputs digests what a run
 reads on the controller. A change of any project file, of a controller file a setting
 names, or of a setting's value changes the digest; the clock keys of the validation
 phase's registered results do not; a run limited by tags, skip tags, --start-at-task or

@@ -1,4 +1,4 @@
-"""Issue 19 item 6: a deployed tree is checked in one round trip (module
+"""The no-op shortcut: a deployed tree is checked in one round trip (module
 glm5_tree_state against filter tree_manifest); each kind of drift makes it copy."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Rollback restores only units that passed the readiness wait, and verify follows the
-configured port (issue 25), through ansible-runner against a systemd container running
+configured port, through ansible-runner against a systemd container running
 vllm_probe_standin (the TEST DOUBLE of `vllm serve`: no GPU here).
 
 One sequence on one container, as an operator would meet it:

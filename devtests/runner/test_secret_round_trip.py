@@ -1,4 +1,4 @@
-"""Issue 19 item 3: the API key reaches the service exactly, and never the log.
+"""The API key reaches the service exactly, and never the log.
 
 Role vllm_service alone against the systemd test container, with the stand-in of vLLM
 (src/glm5_tools/probe/standin.py: a TEST DOUBLE of `vllm serve`, no GPU here) that
@@ -188,7 +188,7 @@ def test_failing_key_request_at_vvv_never_shows_the_key(container, deployed, tmp
     and port (its no_log /v1/models task fails with 401), and a key with a newline. Failing first
     for the latter: verify.yml sent it, Python's HTTP client refused the header naming
     its value, and ansible-core 2.19 printed that error ("[ERROR]: Task failed: ...
-    Invalid header value b'Bearer ...'") despite no_log (the issue's leak). Now refused
+    Invalid header value b'Bearer ...'") despite no_log (the leak). Now refused
     before any request. -vvv shows no part of either key."""
     run, stdout = _run(container, tmp_path, "playbooks/verify.yml",
                        # The unit that owns the port: the validation phase refuses a port

@@ -1,4 +1,4 @@
-"""Issue 19 item 5: the check that the service account cannot write what root runs
+"""The check that the service account cannot write what root runs
 (tests/test_python_env.py, writable_by) fails on a wrong layout and passes on the right
 one, and role ml_env's tasks/ownership.yml turns the former into the latter, once.
 

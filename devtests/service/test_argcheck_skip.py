@@ -1,5 +1,5 @@
 """Role vllm_service skips vLLM's argument parse when its inputs are those of the last
-parse that passed (issue 19 item 6: a no-op re-run in seconds), and parses again when
+parse that passed (the no-op re-run in seconds, docs/noop-shortcut.md), and parses again when
 any input changes: the arguments, the venv's lock marker or patch-set manifest. Real
 vLLM 0.20.2 parser (.venv-ml), ansible-runner on this machine (connection local), not in
 check mode: the record goes to a temporary directory (vllm_service_config_dir)."""

@@ -1,7 +1,7 @@
 """Role vllm_service's GPU-facing defaults against what the GPU validation machine showed.
 
-The records are docs/validation/e2e-gpu/run3/results/ (driver 580.159.04, vLLM 0.20.2
-patched, docs/validation/e2e_serving.md): the NVIDIA character-device groups of
+The records are gpu_records/ beside this file, from end-to-end run 3 (driver 580.159.04,
+vLLM 0.20.2 patched, docs/validation/e2e_serving.md): the NVIDIA character-device groups of
 /proc/devices there, and the startup logs of the four servers started with the unit's
 command line. The post-deploy suite makes the same checks on a deployed GPU host
 (tests/test_service.py); these keep the defaults honest in CI, where there is no GPU.
@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "docs" / "validation" / "e2e-gpu" / "run3" / "results"
+RESULTS = Path(__file__).resolve().parent / "gpu_records"
 DEFAULTS = yaml.safe_load((ROOT / "roles" / "vllm_service" / "defaults" / "main.yml").read_text())
 
 

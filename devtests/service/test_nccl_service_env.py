@@ -1,4 +1,4 @@
-"""Issue 14 item 8: the NCCL fallback the peer-to-peer check needed reaches the vLLM unit
+"""The NCCL fallback the peer-to-peer check needed reaches the vLLM unit
 by itself, and the unit pins NCCL's and gloo's sockets to the loopback (one host, TP 8).
 
 Failing first: before, role nccl_check published nothing (its defaults only said the

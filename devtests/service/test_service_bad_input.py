@@ -162,7 +162,7 @@ def test_attention_and_backend_must_match(run_local, model_files, attention, bac
 
 
 def test_api_key_with_newline_refused_without_printing_it(run_local, model_files):
-    """Issue 19: a key with a newline would end the env file's assignment and add a
+    """A key with a newline would end the env file's assignment and add a
     variable of the attacker's choice; refused, naming the variable and "the value"."""
     key = "devtest-secret-4b1c\nGLM5_INJECTED=pwned"
     run = run_local("service_validate.yml", {**model_files, "vllm_service_api_key": key})

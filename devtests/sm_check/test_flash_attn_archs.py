@@ -1,4 +1,4 @@
-"""flash-attn is built for SM 12.0 where the role builds it (issue 20, item 2).
+"""flash-attn is built for SM 12.0 where the role builds it.
 
 flash-attn's setup takes its architectures from FLASH_ATTN_CUDA_ARCHS and ignores
 TORCH_CUDA_ARCH_LIST: the role must pass its variable through that name, and the

@@ -1,4 +1,4 @@
-"""The CPU reference of GLM-5's sparse attention against llama.cpp's glm-dsa (issue 13).
+"""The CPU reference of GLM-5's sparse attention against llama.cpp's glm-dsa.
 
 llama.cpp (built from the llama-cpp-python sdist) runs GLM-5's lightning indexer and
 top-k selection on the CPU. Two fixtures, both made by llama.cpp's own converter and

@@ -190,7 +190,7 @@ def test_routed_experts_of_the_synthetic_model_pass_on_every_rank(model):
 
 
 def test_experts_one_slot_off_is_stage_4(model, tmp_path: Path):
-    """Issue 14 item 2: FusedMoE's weight loader putting every merged expert one slot on
+    """FusedMoE's weight loader putting every merged expert one slot on
     (faults/moe-experts-one-slot-off.patch) passed devtests/ml/patches, this suite and
     stages 1-5 before the routed-expert check; it fails stage 4 and names the slots."""
     import overlay

@@ -54,8 +54,8 @@ def test_layers_refuse_tp_splitting_inside_blocks(fixture_model):
 
 
 def test_tp8_funnel_passes_on_the_fixture(fixture_model, tmp_path: Path):
-    """The command docs/validation/diagnostics.md records, at TP 8 on the CPU (issue 14
-    item 3: with the old fixture, whose down projections split inside K-quant blocks at
+    """The command docs/validation/diagnostics.md records, at TP 8 on the CPU (with
+    the old fixture, whose down projections split inside K-quant blocks at
     TP 8, stage 4 failed). Stages 1-5 must pass, stage 4 over every rank of the first
     dense, first MoE and last layer, including the merged layers with a BF16 shard
     beside a quantized one (patch 0010)."""

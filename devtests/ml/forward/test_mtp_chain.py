@@ -1,4 +1,4 @@
-"""Issue 23 item 4: vLLM's target and MTP drafter on the constructed chain fixture, on the CPU.
+"""vLLM's target and MTP drafter on the constructed chain fixture, on the CPU.
 
 glm5_tools.fixtures.mtp_chain rewrites the small-top-k fixture's GGUF so that the greedy
 next token after x is pi(x) (one cycle through the non-special tokens) with a large margin,

@@ -1,4 +1,4 @@
-"""Issue 23 item 4: GLM-5's MTP drafter as vLLM builds it from the GGUF, on the CPU.
+"""GLM-5's MTP drafter as vLLM builds it from the GGUF, on the CPU.
 
 vLLM 0.20.2 with the patch set (0012) is given ``--speculative-config '{"method": "mtp",
 "num_speculative_tokens": 3}'`` on the small-top-k fixture's GGUF with TRITON_MLA_SPARSE;

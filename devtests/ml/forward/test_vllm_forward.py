@@ -1,4 +1,4 @@
-"""Issue 24: the whole model as vLLM runs it, on the CPU, against llama.cpp.
+"""The whole model as vLLM runs it, on the CPU, against llama.cpp.
 
 vLLM 0.20.2 with the patch set builds GLM-5 from the tiny fixtures' GGUF as ``vllm serve``
 does and runs its forward pass (glm5_tools.diagnostics.vllm_forward: the GGUF loader,

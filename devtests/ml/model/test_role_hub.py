@@ -80,7 +80,7 @@ def test_role_reports_a_refused_token_without_showing_it(hub: Hub, tmp_path: Pat
 
 
 def test_token_never_in_vvv_output(hub: Hub, tmp_path: Path) -> None:
-    """Issue 19 item 3 (failing first: the token went through the task's environment:,
+    """The token never in -vvv output (failing first: the token went through the task's environment:,
     which Ansible puts on the EXEC line -vvv prints, no_log or not). Both a refused and
     an accepted token: absent from the whole -vvv output."""
     wrong = "hf_wrong_vvv_token_123456789"

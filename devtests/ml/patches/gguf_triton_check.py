@@ -2,7 +2,9 @@
 against a float32 matmul of gguf-py's dequantized weights.
 
 usage: TRITON_INTERPRET=1 PYTHONPATH=<patched site> python gguf_triton_check.py [CASE ...]
-Prints one JSON line: {case: relative L2 error of the output}; CASEs (names below)
+The kernel module is loaded from its file in the patched site, without importing vLLM
+(it imports only torch and Triton): the check costs the interpreter's time, not
+vLLM's import. Prints one JSON line: {case: relative L2 error of the output}; CASEs (names below)
 run only those. Every type (Q4_K, Q5_K,
 Q6_K, Q8_0) in every form the dispatch can pick: the FMA kernels over super-blocks and
 over sub-blocks, unsplit and split over K (the deterministic fix-up), the tensor-core
@@ -18,6 +20,7 @@ is a valid block; d and dmin finite and small).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -26,7 +29,23 @@ from functools import partial
 import gguf
 import numpy as np
 import torch
-from vllm.model_executor.layers.quantization import gguf_triton as gt
+
+
+def load_kernels():  # type: ignore[no-untyped-def]
+    """gguf_triton from the vllm package on the path, loaded as a file (top-level
+    find_spec does not run vllm/__init__)."""
+    vllm = importlib.util.find_spec("vllm")
+    assert vllm is not None and vllm.submodule_search_locations, "no vllm on PYTHONPATH"
+    path = f"{next(iter(vllm.submodule_search_locations))}/model_executor/layers/quantization/gguf_triton.py"
+    spec = importlib.util.spec_from_file_location("gguf_triton", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gguf_triton"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+gt = load_kernels()
 
 RNG = np.random.default_rng(0)
 GEN = torch.Generator().manual_seed(0)

@@ -4,7 +4,7 @@ usage: TRITON_INTERPRET=1 python sparse_fp8_check.py [--device cuda] [--vllm-wri
 (prints one JSON object). Runs on an overlay (PYTHONPATH) with the patch set;
 on a GPU (no TRITON_INTERPRET) the same checks run with the device given by
 --device cuda, and --vllm-writer fills the cache with vLLM's own
-concat_and_cache_mla (docs/validation/e2e-gpu/fp8/kernel_check.sh).
+concat_and_cache_mla (docs/validation/e2e-gpu/fp8/README.md).
 
 * write_fp8_ds_mla: this project's torch writer of vLLM's fp8_ds_mla rows (per
   token: 512 e4m3 latent values, 4 fp32 scales = each 128-value tile's largest

@@ -1,6 +1,6 @@
 """Patch 0001 (config) and 0004 (dense MLA on Triton MLA) against vLLM 0.20.2's source.
 
-What the issue claims, checked on the installed code: the sparse MLA backends do
+What the plan assumed, checked on the installed code: the sparse MLA backends do
 not accept compute capability 12.0, Triton MLA accepts it but refuses the sparse
 path, and GLM-5's config always selects the sparse path (index_topk) unless the
 patch set is applied.

@@ -1,6 +1,6 @@
 """Patch 0009: a GGUF whose weights do not all arrive fails the load loudly.
 
-Failing test first (issue 14 item 5): without 0009, vLLM 0.20.2 with 0001-0008
+Failing test first: without 0009, vLLM 0.20.2 with 0001-0008
 (a) finishes the weight iterators without a word when a layer's attn_v_b (or
 attn_k_b) never came, so kv_b_proj, which 0003 rebuilds from the pair, stays
 uninitialised memory; (b) drops a missing file of a split GGUF from the shard list

@@ -4,7 +4,7 @@ The tiny fixture's UD-Q4_K_XL file holds two such layers (llama_cpp_tools overri
 layer 0's mlp.gate_up_proj (ffn_gate BF16, ffn_up Q5_K) and layer 3's
 self_attn.fused_qkv_a_proj (attn_kv_a_mqa BF16, attn_q_a Q5_K).
 
-Failing test first (issue 14 item 5): vLLM 0.20.2 with 0001-0009 lists the float shard
+Failing test first: vLLM 0.20.2 with 0001-0009 lists the float shard
 as an unquantized module, and is_layer_skipped_gguf then refuses the merged layer at
 model construction ("Detected some but not all shards of ... are quantized"), so the
 file cannot be served; these tests failed with that ValueError. With 0010 the loader

@@ -1,4 +1,4 @@
-"""Issue 20: every Triton kernel of the serving path compiled for SM 12.0 (and 9.0) on the CPU.
+"""Every Triton kernel of the serving path compiled for SM 12.0 (and 9.0) on the CPU.
 
 glm5_tools.sm_check traces vLLM's launch sites on the patched overlay under a
 virtual RTX PRO 6000 (compute capability 12.0, 188 SMs) and H200 (9.0, 132 SMs),

@@ -1,4 +1,4 @@
-"""Patch 0011: a selection order fixed by position (issue 23, run 6's non-repeatability).
+"""Patch 0011: a selection order fixed by position (the non-repeatability end-to-end GPU run 6 found).
 
 vLLM's persistent_topk (CUDA) returns the exact top-k set in another order on every
 call, and the sparse MLA kernel sums in selection order; 0011 sorts each row after it

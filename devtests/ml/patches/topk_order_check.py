@@ -1,5 +1,5 @@
-"""Patch 0011's selection order, checked in Triton's CPU interpreter (issue 23, run 6's
-finding): vLLM's persistent_topk returns the exact top-k set in another order on every
+"""Patch 0011's selection order, checked in Triton's CPU interpreter (end-to-end GPU run 6
+found it): vLLM's persistent_topk returns the exact top-k set in another order on every
 call (H100), and sparse_mla sums in selection order, so 0011 sorts each row
 (sort_topk_rows) after persistent_topk unless GLM5_SPARSE_TOPK_SORT=0.
 
@@ -8,8 +8,8 @@ usage: TRITON_INTERPRET=1 PYTHONPATH=<patched site> python topk_order_check.py
 
 persistent_topk is a CUDA kernel of vLLM's _C, which these machines cannot run:
 gpu_standin_persistent_topk below stands in for it at that boundary (the set the torch
-path selects, each row in a fresh random order on every call, as the H100 showed in
-docs/validation/e2e-gpu/run6/results/d/topk_order6.txt). docs/validation/e2e-gpu/det
+path selects, each row in a fresh random order on every call, as the H100 showed in run 6:
+`run6/results/d/topk_check6.json` in docs/validation/e2e-gpu/results.json). docs/validation/e2e-gpu/det
 checks the real kernel on the GPU.
 """
 

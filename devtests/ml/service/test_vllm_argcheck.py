@@ -3,7 +3,7 @@ defaults, are accepted by the real vLLM 0.20.2 argument parser (.venv-ml), and t
 role's checker (roles/vllm_service/files/vllm_argcheck.py) refuses what 0.20.2 does not
 know. Run with the ml venv: .venv-ml/bin/pytest devtests/ml/service/
 
-Issue 14 item 4 (failing first): the max_model_len guard checked the variable, so
+Failing first: the max_model_len guard checked the variable, so
 `vllm_service_extra_args: [--max-model-len, "131072"]` passed. The checker now receives
 the role's own arguments and the extra ones apart, refuses a guarded flag in the extra
 ones in any spelling vLLM accepts, and compares every guarded setting of the parsed
@@ -80,7 +80,7 @@ def test_rendered_args_parse_with_vllm(checker, tmp_path, capsys):
     assert parsed["max_model_len"] == 2048
     assert parsed["served_model_name"] == ["glm-5"]
     assert parsed["model"].endswith("-00001-of-00010.gguf")
-    # Issue 14 item 8: GLM-5's recipe renders message content as a plain string.
+    # GLM-5's recipe renders message content as a plain string.
     assert parsed["chat_template_content_format"] == "string"
     assert parsed["host"] == "127.0.0.1"
     assert parsed["port"] == 8000

@@ -1,6 +1,6 @@
 """Action plugin: the digest of everything on the controller that a run of site.yml reads.
 
-The no-op shortcut of site.yml (issue 19 item 6, playbooks/unchanged.yml) skips a host
+The no-op shortcut of site.yml (playbooks/unchanged.yml, docs/noop-shortcut.md) skips a host
 whose inputs and host state equal those recorded after its last full run. This plugin
 computes the inputs half, on the controller, without contacting the host:
 

@@ -3,7 +3,7 @@
 
 A no-op run of site.yml asks the host hundreds of questions whose answers have not
 changed since the last run. This module takes, in one round trip, a snapshot of every
-thing the roles manage or read on the host (issue 19 item 6), as digests per part:
+thing the roles manage or read on the host (the no-op shortcut), as digests per part:
 
 - ``files:<root>``: every entry under each root (lstat: type, mode, owner, group, size,
   mtime and ctime in ns, inode, a link's target). ctime cannot be set back by a user, so

@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     for i, t in enumerate(targets):
         t0 = time.monotonic()
         tps = tuple(args.tp) if args.tp else glm5.TPS
-        rec = glm5.trace_all(t, dense=not args.no_dense, tps=tps)
+        gguf_tps = tuple(args.gguf_tp) if args.gguf_tp else glm5.GGUF_TPS
+        rec = glm5.trace_all(t, dense=not args.no_dense, tps=tps, gguf_tps=gguf_tps)
         for name in untraced(rec.unique(), args.require_traced):
             failures.append(f"{name}: a Triton kernel of a required module that no scenario launched")
         unique = rec.unique()
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-dense", action="store_true", help="skip the dense TRITON_MLA path")
     p.add_argument("--fail-on-spills", action="store_true", help="register spills fail (default: warn)")
     p.add_argument("--tp", type=int, action="append", help="tensor parallel sizes to trace (default 1 2 4 8)")
+    p.add_argument("--gguf-tp", type=int, action="append", help="TP sizes for the GGUF kernels (default 1 2 4 8)")
     p.add_argument(
         "--require-traced",
         action="append",

@@ -318,13 +318,18 @@ TOPK = 8
 GGUF_Q4_K, GGUF_Q5_K, GGUF_Q6_K = 12, 13, 14
 GGUF_BYTES = {GGUF_Q4_K: 144, GGUF_Q5_K: 176, GGUF_Q6_K: 210}
 # decode steps, MTP verification steps (1 + 1..3 drafts per request) and prefill chunks
+# The GGUF Triton kernels (the triton mode of GLM5_GGUF_KERNELS): their configurations
+# are chosen by per-rank shape, so every TP; --gguf-tp narrows it for a quick look.
+GGUF_TPS = TPS
 GGUF_STEPS = (*DECODE_BATCHES, 2 * 64, 4 * 64, 1000, 2048, MAX_BATCHED_TOKENS)
 
 
 def trace_gguf(rec: Recorder, target: Target, tp: int) -> None:
     """The GGUF weight kernels (patch 0015's gguf_triton, through gguf.py's own
-    dispatch: dense layers, the merged q_a + kv_a layer, the routed experts) at every
-    step size the service takes, with the per-rank shapes of TP tp."""
+    dispatch in its triton mode: dense layers, the merged q_a + kv_a layer, the
+    routed experts) at every step size at which that mode takes them, with the
+    per-rank shapes of TP tp. The other step sizes run vLLM's compiled GGUF ops
+    (the library check)."""
     import torch
     from vllm.model_executor.layers.quantization import gguf as vgguf
 
@@ -344,25 +349,33 @@ def trace_gguf(rec: Recorder, target: Target, tp: int) -> None:
     inter = MOE_INTER // tp
     w13 = torch.empty(EXPERTS, 2 * inter, HIDDEN // 256 * GGUF_BYTES[GGUF_Q4_K], dtype=torch.uint8)
     w2 = torch.empty(EXPERTS, HIDDEN, inter // 256 * GGUF_BYTES[GGUF_Q5_K], dtype=torch.uint8)
-    for m in GGUF_STEPS:
-        # past this the dense layers take vLLM's ggml_dequantize + cuBLAS (compiled ops)
-        with rec.in_scenario(f"TP{tp} GGUF linears x{m}"), virtual_device(target):
-            if m > vgguf.TRITON_DENSE_MAX_TOKENS:
-                continue
-            for _, w, qtype in dense:
-                vgguf._fused_mul_mat_gguf(torch.empty(m, w.shape[1] // GGUF_BYTES[qtype] * 256,
-                                                      dtype=torch.float16), w, qtype)
-            vgguf._fused_mul_mat_gguf_merged(
-                torch.empty(m, HIDDEN, dtype=torch.float16), padded, [0, Q_LORA], [Q_LORA, padded.shape[0]],
-                [q_a.shape[1], kv_a.shape[1]], [GGUF_Q5_K, GGUF_Q6_K])
-        with rec.in_scenario(f"TP{tp} GGUF routed experts x{m}"), virtual_device(target):
-            ids = torch.stack([torch.randperm(EXPERTS)[:TOPK] for _ in range(m)]).to(torch.int32)
-            vgguf._fused_moe_gguf(torch.empty(m, HIDDEN, dtype=torch.float16), w13, w2,
-                                  torch.empty(m, TOPK, dtype=torch.float32), ids, GGUF_Q4_K, GGUF_Q5_K, "silu")
+    saved = vgguf.GGUF_KERNELS
+    vgguf.GGUF_KERNELS = "triton"
+    try:
+        for m in GGUF_STEPS:
+            if m <= vgguf.TRITON_DENSE_MAX_TOKENS:
+                with rec.in_scenario(f"TP{tp} GGUF linears x{m}"), virtual_device(target):
+                    for _, w, qtype in dense:
+                        x = torch.empty(m, w.shape[1] // GGUF_BYTES[qtype] * 256, dtype=torch.float16)
+                        vgguf._fused_mul_mat_gguf(x, w, qtype)
+                    vgguf._fused_mul_mat_gguf_merged(
+                        torch.empty(m, HIDDEN, dtype=torch.float16), padded, [0, Q_LORA], [Q_LORA, padded.shape[0]],
+                        [q_a.shape[1], kv_a.shape[1]], [GGUF_Q5_K, GGUF_Q6_K])
+            if any(lo <= m <= hi for lo, hi in vgguf.TRITON_MOE_TOKENS):
+                with rec.in_scenario(f"TP{tp} GGUF routed experts x{m}"), virtual_device(target):
+                    ids = torch.stack([torch.randperm(EXPERTS)[:TOPK] for _ in range(m)]).to(torch.int32)
+                    vgguf._fused_moe_gguf(torch.empty(m, HIDDEN, dtype=torch.float16), w13, w2,
+                                          torch.empty(m, TOPK, dtype=torch.float32), ids, GGUF_Q4_K, GGUF_Q5_K,
+                                          "silu")
+    finally:
+        vgguf.GGUF_KERNELS = saved
 
 
-def trace_all(target: Target, *, dense: bool = True, tps: tuple[int, ...] = TPS) -> Recorder:
-    """Every scenario at every TP; the caller has put the patched vLLM on sys.path."""
+def trace_all(
+    target: Target, *, dense: bool = True, tps: tuple[int, ...] = TPS, gguf_tps: tuple[int, ...] = GGUF_TPS
+) -> Recorder:
+    """Every scenario at every TP of tps (the GGUF kernels at those of gguf_tps); the
+    caller has put the patched vLLM on sys.path."""
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     # vLLM's op registrations import on the no-device platform (a CUDA one would
     # need vllm._C, i.e. libcuda); the modules traced import on the virtual CUDA
@@ -377,7 +390,8 @@ def trace_all(target: Target, *, dense: bool = True, tps: tuple[int, ...] = TPS)
         trace_sampler(rec, target)
         for tp in tps:
             trace_sparse(rec, target, tp)
-            trace_gguf(rec, target, tp)
             if dense:
                 trace_dense(rec, target, tp)
+        for tp in gguf_tps:
+            trace_gguf(rec, target, tp)
     return rec
