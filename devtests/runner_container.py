@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ def _docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], check=True, capture_output=True, text=True)
 
 
-def start_container(prefix: str) -> Iterator[str]:
-    """A fresh systemd container of the test image, removed afterwards."""
+def start_container(prefix: str, volumes: Sequence[str] = ()) -> Iterator[str]:
+    """A fresh systemd container of the test image, removed afterwards; volumes:
+    docker's -v arguments (host:container[:mode])."""
     if shutil.which("docker") is None or subprocess.run(
         ["docker", "image", "inspect", IMAGE], capture_output=True
     ).returncode:
@@ -36,7 +37,11 @@ def start_container(prefix: str) -> Iterator[str]:
         "run", "-d", "--name", name, "--cap-add", "SYS_ADMIN",
         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
         "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        "--tmpfs", "/run", "--tmpfs", "/run/lock", IMAGE, "/sbin/init",
+        "--tmpfs", "/run", "--tmpfs", "/run/lock",
+        # The kernel's default privileged port range, as on a real host (Docker opens it
+        # to every port inside a container: ports below 1024 must be refused here too).
+        "--sysctl", "net.ipv4.ip_unprivileged_port_start=1024",
+        *(a for v in volumes for a in ("-v", v)), IMAGE, "/sbin/init",
     )
     try:
         deadline = time.monotonic() + 60

@@ -3,12 +3,16 @@
 Reads the manifest the role wrote into the venv
 (<site-packages>/vllm/.glm5-patchset.json, or GLM5_PATCHSET_MANIFEST) and recomputes
 on the host the sha256 of every patched file and of every patch: a stale manifest
-(a vLLM reinstalled or a file edited after patching) fails. Paths follow the roles'
+(a vLLM reinstalled or a file edited after patching) fails; its pristine digests must
+be those of vLLM's RECORD. Paths follow the roles'
 defaults; GLM5_ML_ENV_PATH and GLM5_PATCHES_DIR override them.
 """
 
 from __future__ import annotations
 
+import base64
+import csv
+import io
 import json
 import os
 
@@ -37,6 +41,22 @@ def test_manifest_names_installed_vllm(host, site: str, manifest: dict) -> None:
     dist = host.file(f"{site}/vllm-{manifest['vllm_version']}.dist-info")
     assert dist.is_directory, f"installed vLLM is not {manifest['vllm_version']}"
     assert manifest["patchset_version"] == manifest["vllm_version"]
+
+
+def test_manifest_is_the_wheels_record(host, site: str, manifest: dict) -> None:
+    """The manifest's pristine digests are the installed vLLM's RECORD (the wheel's
+    files): what it vouches for was computed from the wheel and the patch set, not read
+    from the tree."""
+    record = host.file(f"{site}/vllm-{manifest['vllm_version']}.dist-info/RECORD").content_string
+    digests = {}
+    for row in csv.reader(io.StringIO(record)):
+        if len(row) == 3 and row[1].startswith("sha256="):
+            b64 = row[1][len("sha256="):]
+            digests[row[0]] = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+    assert manifest.get("pristine"), "the manifest names no pristine digests"
+    assert sorted(manifest["pristine"]) == sorted(manifest["files"])
+    for rel, sha in manifest["pristine"].items():
+        assert digests.get(rel) == sha, f"{rel}: the manifest's pristine digest is not vLLM's RECORD"
 
 
 def test_patched_files_match_manifest(host, site: str, manifest: dict) -> None:

@@ -96,3 +96,55 @@ def test_a_run_that_may_not_take_the_shortcut_removes_the_record(box):
     host_state(box, "record")
     assert host_state(box, "probe", take=False)["differ"] == ["the shortcut is not taken in this run"]
     assert host_state(box, "probe")["differ"] == ["no record of an earlier full run"]
+
+
+MINI_SITE = """---
+- name: Probe
+  ansible.builtin.import_playbook: {root}/playbooks/unchanged.yml
+- name: A phase that repaired something on the host (as role vllm_patches does)
+  hosts: gpu_servers
+  gather_facts: false
+  tasks:
+    - name: Note a repair
+      ansible.builtin.set_fact:
+        glm5_integrity_repairs: ["vLLM file vllm/envs.py"]
+      when: repaired | bool
+- name: Record
+  ansible.builtin.import_playbook: {root}/playbooks/record.yml
+"""
+
+
+def site_run(box: str, tmp: Path, repaired: bool) -> str:
+    play = tmp / "mini_site.yml"
+    play.write_text(MINI_SITE.format(root=ROOT))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+        "ANSIBLE_CACHE_PLUGIN": "memory",
+        "ANSIBLE_PIPELINING": "true",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    inventory = tmp / "inventory.yml"
+    inventory.write_text(f"all:\n  children:\n    gpu_servers:\n      hosts:\n        {box}:\n"
+                         "          ansible_connection: community.docker.docker\n"
+                         "          ansible_python_interpreter: /usr/bin/python3\n")
+    done = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), str(play), "-e", f"repaired={str(repaired).lower()}",
+         "-e", "glm5_noop_shortcut=true", "-e", f"glm5_host_state_record={RECORD}", "-e", "glm5_gpu_required=false"],
+        capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return " ".join(done.stdout.split())  # the callback wraps long messages
+
+
+def test_no_record_after_a_run_that_repaired(box, tmp_path):
+    """playbooks/record.yml writes no record on a host where the run repaired something
+    (glm5_integrity_repairs), and says so; the run had removed the old one, so the next
+    run is a full one; a full run without a repair records again."""
+    host_state(box, "record")
+    out = site_run(box, tmp_path, repaired=True)
+    assert "No record: this run repaired vLLM file vllm/envs.py; the next run verifies this host in full again." in out
+    assert sh(box, f"test -e {RECORD} && echo present || echo absent").strip() == "absent"
+    out = site_run(box, tmp_path, repaired=False)
+    assert "No record:" not in out and "Full run: [''no record of an earlier full run'']" in out
+    assert sh(box, f"test -e {RECORD} && echo present || echo absent").strip() == "present"

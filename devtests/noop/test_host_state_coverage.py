@@ -25,22 +25,22 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = ("glm5", "preflight", "nvidia_driver", "cuda_toolkit", "ml_env", "flash_attn", "vllm_patches", "model",
-         "gpu_tuning", "nccl_check", "exposure", "tls_proxy", "gpu_exporter", "vllm_service", "vllm_router")
+# The roles of site.yml: the phase table's (playbooks/vars/phases.yml), and glm5, every
+# role's dependency. A role added to the run is scanned here without a change to this file.
+ROLES = ("glm5", *yaml.safe_load((ROOT / "playbooks/vars/phases.yml").read_text())["glm5_phases"])
 WRITERS = {"copy", "template", "file", "lineinfile", "blockinfile", "get_url", "unarchive", "deb822_repository",
            "openssl_privatekey", "openssl_csr", "x509_certificate"}
 READERS = {"set_fact", "assert", "debug", "include_tasks", "import_tasks", "include_role", "import_role", "stat",
            "slurp", "uri", "fail", "meta", "validate_argument_spec", "setup", "include_vars", "find", "wait_for",
            "package_facts", "pause", "async_status", "getent", "fetch", "service_facts", "x509_certificate_info",
-           "glm5_tree_state", "glm5_model_layout", "glm5_port_owner", "glm5_offline_bundle", "glm5_run_inputs",
-           "glm5_model_verify", "script", "glm5_job_progress", "glm5_unit_wait"}
+           "glm5_tree_state", "glm5_model_layout", "glm5_host_probe", "glm5_offline_bundle", "glm5_run_inputs",
+           "glm5_model_verify", "glm5_dpkg_lock", "glm5_warn", "script", "glm5_job_progress", "glm5_unit_wait"}
 # Paths that cannot be resolved from defaults (loop items, registered results) and why
 # the probe covers them: "<role>: <task name>" -> reason.
 UNRESOLVED = {
     "nvidia_driver: Remove the conflicting sources": "files found under /etc/apt/sources.list.d (/etc)",
     "ml_env: Remove venvs beyond ml_env_keep and half-built ones (never the current one)": "venvs found under "
     "ml_env_root (/opt by default; another value is a setting, hence a root of its own)",
-    "ml_env: Remove a partly built venv": "a venv under ml_env_root (as above)",
     "ml_env: Copy the lock into the venv": "a file in a venv under ml_env_root (as above)",
     "ml_env: Mark the venv complete": "a file in a venv under ml_env_root (as above)",
     "flash_attn: Create the build and wheel folders": "flash_attn_build_dir (/var/lib/glm5) and a folder under "
@@ -48,6 +48,8 @@ UNRESOLVED = {
     "flash_attn: Write the build stamp (version, archs, torch)": "a file in the ml-env venv (as above)",
     "vllm_service: Record the last good unit, the one before it as <unit>.previous": "copies beside the unit "
     "file, in vllm_service_unit_dir (/etc/systemd/system)",
+    "vllm_service: Remove the units of an earlier served name and their records": "units in /etc/systemd/system"
+    " and their records in vllm_service_config_dir (/etc/glm5)",
 }
 # Caches: a full run that needs one makes it again; nothing the service runs or reads is
 # in it (what is installed from it is under /opt). Not host state of the deployment.
@@ -58,13 +60,16 @@ CHANGERS = {
     "nvidia_driver: Rebuild the initramfs": "files:/boot (a new initrd image)",
     "ml_env: Give them to root and take the group's and others' write bits off": "files under the venv root (/opt)",
     "ml_env: Create the venv": "files:/opt (the venv root)",
+    "ml_env: Remove a partly built venv (once an install left running there has ended)": "files:/opt (a venv "
+    "under ml_env_root, and its build lock file beside it)",
     "ml_env: Install the locked packages (uv pip sync, hashes required)": "files:/opt (the venv root)",
     "ml_env: Install uv, pinned, into its tool venv": "files:/opt (ml_env_uv_venv)",
     "flash_attn: Install pip into the venv (pip wheel builds the wheel)": "files:/opt (the venv)",
     "flash_attn: Start the build in the background": "writes only its build directory (/var/lib/glm5)",
     "flash_attn: Record the build": "files:/var/lib/glm5 (the build record)",
     "flash_attn: Install the wheel into the venv": "files:/opt (the venv)",
-    "vllm_patches: Apply or reverse the patch set (all or nothing)": "files:/opt (the venv's vLLM)",
+    "vllm_patches: Apply, verify and repair, or reverse the patch set (all or nothing)": "files:/opt (the venv's "
+    "vLLM)",
     "model: Fetch the repository in the background (huggingface_hub, resumable)": "files:/srv (glm5_model_dir; "
     "another value is a setting, hence a root of its own)",
     "model: Copy the model files from the local directory (in the background)": "files:/srv (glm5_model_dir; "

@@ -117,20 +117,24 @@ def test_a_plain_run_may(ri, monkeypatch):
     assert ri.ineligible_reasons({"ansible_run_tags": ["all"], "ansible_skip_tags": []}, True) == []
 
 
-def test_every_phase_play_of_site_yml_ends_an_unchanged_host_first():
-    """Every play of a phase that site.yml runs on the GPU servers ends at once for a host
-    playbooks/unchanged.yml marked, before any fact gathering or role."""
+def test_every_phase_play_of_site_yml_leaves_the_unchanged_hosts_out():
+    """Every play of a phase that site.yml runs on the GPU servers, and the record, target
+    the phase table's glm5_phase_hosts: the GPU servers less group glm5_unchanged, which
+    playbooks/unchanged.yml makes (by construction: no play can forget a pre-task)."""
     site = yaml.safe_load((ROOT / "site.yml").read_text())
-    phases = [Path(entry["ansible.builtin.import_playbook"]).name for entry in site]
-    assert phases[:2] == ["validate.yml", "unchanged.yml"] and phases[-1] == "record.yml"
+    imports = [entry["ansible.builtin.import_playbook"] for entry in site]
+    assert imports[:2] == ["playbooks/validate.yml", "playbooks/unchanged.yml"]
+    assert imports[-1] == "playbooks/record.yml"
+    unchanged = yaml.safe_load((ROOT / "playbooks/unchanged.yml").read_text())[0]["tasks"]
+    assert {"key": "glm5_unchanged"} in [t.get("ansible.builtin.group_by") for t in unchanged]
+    table = yaml.safe_load((ROOT / "playbooks/vars/phases.yml").read_text())
+    assert "groups.glm5_unchanged" in table["glm5_phase_hosts"]
     checked = 0
-    for phase in phases[2:-1]:
-        for play in yaml.safe_load((ROOT / "playbooks" / phase).read_text()):
-            if "import_playbook" in str(play) or play.get("hosts") != "gpu_servers":
+    for path in imports[2:]:
+        for play in yaml.safe_load((ROOT / path).read_text()):
+            if play.get("hosts") == "routers":
                 continue
-            assert play.get("gather_facts") is False, (phase, play["name"])
-            first = play["pre_tasks"][0]
-            assert first["ansible.builtin.meta"] == "end_host", (phase, play["name"])
-            assert first["when"] == "glm5__unchanged | default(false)", (phase, play["name"])
+            assert play["hosts"] == "{{ glm5_phase_hosts }}", (path, play["name"])
+            assert play.get("gather_facts") is False, (path, play["name"])
             checked += 1
-    assert checked >= 12
+    assert checked >= 13

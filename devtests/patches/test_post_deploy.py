@@ -39,9 +39,15 @@ def test_fresh_passes_stale_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     host = testinfra.get_host("local://")
     manifest = json.loads((site / "vllm/.glm5-patchset.json").read_text())
     check.test_manifest_names_installed_vllm(host, str(site), manifest)
+    check.test_manifest_is_the_wheels_record(host, str(site), manifest)
     check.test_patched_files_match_manifest(host, str(site), manifest)
     check.test_patches_match_manifest(host, manifest)
     check.test_patches_still_applied(host, str(site), manifest)
+
+    first = sorted(manifest["pristine"])[0]
+    forged = {**manifest, "pristine": {**manifest["pristine"], first: "0" * 64}}
+    with pytest.raises(AssertionError, match="is not vLLM's RECORD"):
+        check.test_manifest_is_the_wheels_record(host, str(site), forged)
 
     edited = site / "vllm/model_executor/models/deepseek_v2.py"
     edited.write_text(edited.read_text() + "\n# edited after patching\n")

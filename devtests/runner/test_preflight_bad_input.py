@@ -90,8 +90,8 @@ def _message(event) -> str:
         ),
         pytest.param(
             {"glm5_tensor_parallel_size": "eight"},
-            "Validating arguments against arg spec 'main'",
-            "glm5_tensor_parallel_size",
+            VALIDATION,
+            "glm5_tensor_parallel_size = 'eight' is refused; expected a whole number.",
             id="tp-not-an-int",
         ),
     ],

@@ -202,3 +202,30 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     assert run("playbooks/verify.yml", SERVICE_VARS).rc == 0
     again = run("playbooks/rollback.yml", SERVICE_VARS)
     assert again.rc == 0 and not _changed(again)
+
+
+def _active(host: str, unit: str) -> str:
+    return subprocess.run(["docker", "exec", host, "systemctl", "is-active", unit],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_renaming_the_served_model_replaces_the_unit(host: str, run) -> None:
+    """A new served name (glm5_served_model_name: glm-5b, unit vllm-glm-5b.service) on the
+    host the sequence above left serving as vllm-glm-5.service on port 8000: the
+    validation phase accepts the port the role's own old unit holds; the old unit is
+    stopped, disabled and removed with its records before the new one starts on the same
+    port; a second run changes nothing."""
+    assert _active(host, "vllm-glm-5.service") == "active"
+    renamed = {**SERVICE_VARS, "glm5_served_model_name": "glm-5b"}
+    first = run("playbooks/service.yml", renamed)
+    assert first.rc == 0, _message(first) if first.rc else ""
+    for old in (UNIT, f"{UNIT}.good", f"{UNIT}.previous", "/etc/glm5/vllm-glm-5.env", "/etc/glm5/vllm-glm-5.cmdline",
+                "/etc/glm5/vllm-glm-5.rollback.yml"):
+        assert _read(host, old) is None, old
+    assert _active(host, "vllm-glm-5.service") != "active"
+    new_unit = _read(host, "/etc/systemd/system/vllm-glm-5b.service")
+    assert new_unit and "glm-5b" in new_unit
+    assert _active(host, "vllm-glm-5b.service") == "active"
+    assert _curl(host, 8000) == 200 and _curl(host, 8000, "/v1/models") == 401
+    again = run("playbooks/service.yml", renamed)
+    assert again.rc == 0 and not _changed(again), _changed(again)

@@ -101,13 +101,16 @@ def test_garbage_key_is_refused_without_showing_it(run_local, pair):
 @pytest.mark.parametrize(
     ("settings", "text"),
     [
-        ({"tls_proxy_port": 8000}, "tls_proxy_port (glm5_tls_proxy_port) = 8000 is vLLM's port"),
+        ({"tls_proxy_port": 8000},
+         "tls_proxy_port (glm5_tls_proxy_port) = 8000 is also the port of vLLM's API (glm5_api_port);"
+         " expected a port of its own."),
         ({"vllm_service_host": "0.0.0.0"}, "tls_proxy_upstream_host (vllm_service_host) = '0.0.0.0' is refused"),
         ({"vllm_service_host": "10.0.0.5"}, "'10.0.0.5'"),
         ({"tls_proxy_protocols": ["TLSv1.1", "TLSv1.2"]}, "expected TLSv1.2 and/or TLSv1.3"),
         ({"tls_proxy_addresses": ["proxy.example"]}, "tls_proxy_addresses has 'proxy.example'"),
         ({"tls_proxy_server_name": "a b; return 200"}, "tls_proxy_server_name = 'a b; return 200' is refused"),
-        ({"glm5_gpu_exporter": True, "glm5_gpu_exporter_port": 8443}, "is the GPU exporter's port"),
+        ({"glm5_gpu_exporter": True, "glm5_gpu_exporter_port": 8443},
+         "= 8443 is also the port of the GPU exporter (glm5_gpu_exporter_port)"),
     ],
     ids=["port-equals-api", "vllm-on-any", "vllm-on-lan", "tls11", "address-not-ip", "server-name", "exporter-port"],
 )
@@ -139,10 +142,11 @@ def test_vllm_on_any_address_behind_the_proxy(run_local, model_files):
 @pytest.mark.parametrize(
     ("settings", "text"),
     [
-        ({"glm5_gpu_exporter_port": 8000}, "gpu_exporter_port (glm5_gpu_exporter_port) = 8000 is the API port"),
+        ({"glm5_gpu_exporter_port": 8000},
+         "gpu_exporter_port (glm5_gpu_exporter_port) = 8000 is also the port of vLLM's API (glm5_api_port)"),
         ({"gpu_exporter_nvidia_smi": "nvidia-smi"}, "gpu_exporter_nvidia_smi = 'nvidia-smi' is a relative path"),
         ({"gpu_exporter_address": "localhost"}, "gpu_exporter_address = 'localhost' is refused"),
-        ({"glm5_tls_proxy": True, "glm5_gpu_exporter_port": 8443}, "is the TLS proxy's port"),
+        ({"glm5_tls_proxy": True, "glm5_gpu_exporter_port": 8443}, "= 8443 is also the port of the TLS proxy"),
     ],
     ids=["api-port", "relative-nvidia-smi", "address-not-ip", "proxy-port"],
 )
@@ -155,8 +159,8 @@ def test_exporter_settings_refused(run_local, settings, text):
     ("extra", "refusal"),
     [
         ({"vllm_service_port": 18777},
-         "exposure_api_port (glm5_api_port) = 8000 differs from vllm_service_port = 18777,"
-         " the port vLLM serves on; expected them equal: set glm5_api_port, which both follow."),
+         "vllm_service_port = 18777 differs from exposure_api_port (glm5_api_port) = 8000,"
+         " the port the firewall opens for the API; expected them equal: set glm5_api_port, which both follow."),
         ({"glm5_api_port": 18777}, None),
         ({"glm5_api_port": 18777, "vllm_service_port": 18777}, None),
         # A bad vllm_service_port is role vllm_service's line, not a second one here.

@@ -1,9 +1,8 @@
-"""Pure functions of the roles' modules: shard selection, port owner (the verification:
+"""Pure functions of the roles' modules: shard selection (the verification:
 devtests/model/test_verify.py)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ def _load(path: str):
 
 
 layout_mod = _load("roles/model/library/glm5_model_layout.py")
-port_mod = _load("roles/vllm_service/library/glm5_port_owner.py")
 
 
 def test_pick_first_shard(tmp_path):
@@ -30,15 +28,3 @@ def test_pick_first_shard(tmp_path):
     assert layout_mod.pick_gguf([single])[0] == single
     with pytest.raises(ValueError):
         layout_mod.pick_gguf([])
-
-
-def test_port_owner_finds_listener():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(1)
-        port = s.getsockname()[1]
-        assert port_mod.listening_inodes(port)
-        pids, _units = port_mod.owners(port_mod.listening_inodes(port))
-        import os
-        assert os.getpid() in pids
-    assert not port_mod.listening_inodes(port)

@@ -57,7 +57,7 @@ def test_port_in_use(run_local, model_files):
         sock.listen(1)
         port = sock.getsockname()[1]
         run = run_local("service_role.yml", {**model_files, "vllm_service_port": port})
-    _refused(run, REFUSE, f"vllm_service_port (glm5_api_port) = {port} is in use by")
+    _refused(run, REFUSE, f"vllm_service_port = {port} is in use by")
 
 
 def test_bad_type_refused_by_argument_specs(run_local, model_files):
@@ -124,16 +124,23 @@ def test_sparse_context_bounded_by_the_kv_cache(run_local, model_files):
     [
         ({"vllm_service_max_model_len": 1024},
          "= 1024 is refused with sparse attention; expected at least index_topk 2048"),
-        ({"vllm_service_max_model_len": 262144}, "the model's max_position_embeddings 202752"),
+        # No GPU here: the KV cache's bound is unknown, and the line says nothing of it.
+        ({"vllm_service_max_model_len": 262144},
+         "vllm_service_max_model_len = 262144 is refused; expected at most the model's max_position_embeddings"
+         " 202752."),
         ({"vllm_service_max_model_len": 180000, "nvidia_driver_gpus": [{"memory_total": "40960 MiB"}],
           "vllm_service_gpu_memory_utilization": 0.5, "vllm_service_kv_reserve_mib": 4096},
-         "at most 171537 (the model's max_position_embeddings 202752, the KV cache of one GPU 171537 tokens"),
+         "= 180000 is refused with sparse attention; expected at most 171537, the tokens the KV cache of one GPU"
+         " holds at gpu_memory_utilization 0.5"),
     ],
     ids=["below-index-topk", "above-model-limit", "above-kv-cache"],
 )
 def test_sparse_context_refused(run_local, model_files, extra, text):
     run = run_local("service_validate.yml", {**model_files, **extra})
     _refused(run, REFUSE, text)
+    lines = message(run.first_failure()).split("\n")
+    assert len([line for line in lines if "max_model_len" in line]) == 1, lines
+    assert "None" not in message(run.first_failure())
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,6 @@ def test_accepted(v, path):
         ("/srv/models/..", "not normalized"),
         ("/srv//models", "not normalized"),
         ("//srv/models", "not normalized"),
-        ("/srv/models/", "not normalized"),
         ("/srv/models/.", "not normalized"),
         ("/srv/./models", "not normalized"),
         ("/", "system directory"),
@@ -116,8 +115,43 @@ def test_refusals_refuse_a_non_list(v):
 
 
 def test_registered_filters(v):
-    assert set(v.FilterModule().filters()) == {"glm5_path_problem", "glm5_port_problem", "glm5_refusals",
-                                                 "glm5_tp_problem"}
+    assert set(v.FilterModule().filters()) == {
+        "glm5_declared_settings", "glm5_host_items", "glm5_host_normalized", "glm5_host_refusals",
+        "glm5_host_unnormalized", "glm5_normpath", "glm5_path_problem", "glm5_port_problem", "glm5_refusals",
+        "glm5_spec_inputs", "glm5_spec_refusals", "glm5_tp_problem", "glm5_unknown_settings", "glm5_url_problem"}
+
+
+@pytest.mark.parametrize("path", ["/srv/models/glm-5/", "/srv/models/glm-5//", "/opt/ml-env/"])
+def test_trailing_slash_is_the_same_directory(v, path):
+    assert v.glm5_path_problem(path, "glm5_model_dir") == ""
+    assert v.glm5_normpath(path) == path.rstrip("/")
+
+
+@pytest.mark.parametrize(("value", "same"), [("/", "/"), ("", ""), (None, None), (8, 8), ("//srv/", "//srv/")])
+def test_normpath_leaves_other_values(v, value, same):
+    assert v.glm5_normpath(value) == same
+
+
+def test_trailing_slash_of_a_system_directory_is_still_refused(v):
+    assert "system directory" in v.glm5_path_problem("/etc/", "glm5_model_dir")
+    assert "system directory" in v.glm5_path_problem("/opt/", "glm5_model_dir")
+
+
+def test_refusals_leave_out_what_an_earlier_role_refused(v):
+    before = ["glm5_tensor_parallel_size = 8.5 is refused; expected a whole number."]
+    later = ["vllm_service_tensor_parallel_size (glm5_tensor_parallel_size) = 8.5 is refused; expected a whole number.",
+             "nccl_check_world_size (glm5_tensor_parallel_size) = 8.5 is refused; expected 1 or more.",
+             "vllm_service_port (glm5_api_port) = 0 is refused; expected a TCP port 1-65535."]
+    assert v.glm5_refusals(later, before) == [later[2]]
+    # A role variable refused by an earlier role is not refused again under its own name.
+    earlier = ["nvidia_driver_branch (glm5_nvidia_driver_branch) = ..."]
+    assert v.glm5_refusals(["nvidia_driver_branch = '470' ..."], earlier) == []
+    # Two bad items of one list, in one call: both lines stay.
+    items = ["exposure_allowed_sources has 'a'; expected CIDRs.", "exposure_allowed_sources has 'b'; expected CIDRs."]
+    assert v.glm5_refusals(items, before) == items
+    # A line that names no variable first is never left out.
+    assert v.glm5_refusals(["the host's architecture x is refused."], ["the host's architecture y"]) == [
+        "the host's architecture x is refused."]
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8, 16, 32, 64, "8"])
@@ -139,3 +173,9 @@ def test_tp_refused_above_gpu_count(v: ModuleType) -> None:
     assert message == "glm5_tensor_parallel_size = 8 exceeds glm5_gpu_count 4; expected at most the host's GPU count."
     # No GPU count given (a host without GPUs required): only the divisor rule.
     assert v.glm5_tp_problem(8, "glm5_tensor_parallel_size", 64, gpu_count=None) == ""
+
+
+@pytest.mark.parametrize("gpus", [0, -1, "eight", None, True])
+def test_tp_not_blamed_for_a_bad_gpu_count(v: ModuleType, gpus: object) -> None:
+    """glm5_gpu_count's own line names it; the TP size is not refused for it."""
+    assert v.glm5_tp_problem(8, "glm5_tensor_parallel_size", 64, gpu_count=gpus) == ""

@@ -186,3 +186,8 @@ verified."""
     assert len(hub.requests("GET", "/_blobs/")) == 1, "only the differing shard is fetched again"
     said = _messages(repaired, "Report the verification")
     assert any(f"removed, to be fetched again: {shard}" in line for line in said), said
+    # and noted as a repair, so that the run writes no no-op record (playbooks/record.yml)
+    facts = [h["ansible_facts"]["glm5_integrity_repairs"] for p in json.loads(repaired.stdout)["plays"]
+             for t in p["tasks"] if t["task"]["name"].endswith("Note the repair for the no-op record")
+             for h in t["hosts"].values()]
+    assert facts == [[f"model file {shard}"]], facts

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> list[StageResult]:
             raise ValueError(f"--forward-lengths {args.forward_lengths}: prompt lengths of at least 2 tokens")
         for backend in args.forward_backend.split(","):
             results.append(stage_forward.run_stage(Path(args.gguf), cfg_dir, backend=backend.strip(),
-                                                   lengths=lengths))
+                                                   lengths=lengths, kv_cache_dtype=args.kv_cache_dtype))
     if 9 in stages:
         from glm5_tools.diagnostics import stage_mtp
 
@@ -125,9 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forward-backend", default="TRITON_MLA_SPARSE",
                    help="stage 8: the attention backend(s) vLLM runs, comma-separated "
                         "(TRITON_MLA_SPARSE, TRITON_MLA)")
-    p.add_argument("--forward-lengths", default="24,64",
-                   help="stage 8: prompt lengths in tokens, comma-separated (use some above index_topk "
-                        "for the sparse path)")
+    p.add_argument("--forward-lengths", default="24,80",
+                   help="stage 8: prompt lengths in tokens, comma-separated (use one longer than index_topk "
+                        "and than a 64-row cache page for the sparse path)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                   help="stage 8: vLLM's --kv-cache-dtype (fp8: TRITON_MLA_SPARSE's fp8_ds_mla latent cache, "
+                        "the model in bfloat16)")
     p.add_argument("--mtp-tokens", type=int, default=3,
                    help="stage 9: num_speculative_tokens of the MTP drafter (1-3)")
     p.add_argument("--mtp-length", type=int, default=40, help="stage 9: prompt length in tokens")

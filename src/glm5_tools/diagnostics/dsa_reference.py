@@ -248,9 +248,14 @@ class GlmDsaReference:
         up = x @ self.w(f"{prefix}.ffn_up{suffix}.weight").T
         return (torch.nn.functional.silu(gate) * up) @ self.w(f"{prefix}.ffn_down{suffix}.weight").T
 
-    def _moe(self, x: torch.Tensor, il: int, tap: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def _moe(self, x: torch.Tensor, il: int, tap: dict[str, torch.Tensor] | None = None,
+             router_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """``router_logits``: route by these [T, E] (another implementation's, to check its
+        choice and weights on its own logits) instead of x's."""
         hp, p = self.hp, f"blk.{il}"
-        router_logits = x @ self.w(f"{p}.ffn_gate_inp.weight").T
+        if router_logits is None:
+            router_logits = x @ self.w(f"{p}.ffn_gate_inp.weight").T
+        router_logits = router_logits.float()
         probs = torch.sigmoid(router_logits)  # [T, E]
         choose = probs + self.w(f"{p}.exp_probs_b.bias") if self.has(f"{p}.exp_probs_b.bias") else probs
         sel = choose.topk(hp.n_expert_used, dim=-1).indices  # [T, k]

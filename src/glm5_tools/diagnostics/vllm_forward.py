@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 BACKENDS = ("TRITON_MLA", "TRITON_MLA_SPARSE")
+KV_CACHE_DTYPES = ("auto", "fp8")  # --kv-cache-dtype: the model's dtype, or fp8_ds_mla (sparse only)
 BLOCK = 64  # page size of the MLA and indexer caches (the sparse backend's only one)
 
 
@@ -144,7 +145,14 @@ def standin_concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cach
                                  slot_mapping: torch.Tensor, kv_cache_dtype: str, scale: torch.Tensor
                                  ) -> None:
     """CPU stand-in for vLLM's concat_and_cache_mla (CUDA only): row ``slot`` of the paged
-    cache [blocks, page, kv_lora + rope] gets [kv_c | k_pe]; slot -1 is padding (skipped)."""
+    cache [blocks, page, kv_lora + rope] gets [kv_c | k_pe]; slot -1 is padding (skipped).
+    ``fp8_ds_mla`` (what ``--kv-cache-dtype fp8`` becomes for the sparse backend, patch
+    0013): the 656-byte rows of ``fp8_ds_mla.write``, byte-equal to the CUDA writer's."""
+    if kv_cache_dtype == "fp8_ds_mla":
+        from glm5_tools.diagnostics import fp8_ds_mla
+
+        fp8_ds_mla.write(kv_c, k_pe, kv_cache, slot_mapping)
+        return
     if kv_cache_dtype not in ("auto", "bfloat16", "float16"):
         raise NotImplementedError(f"stand-in concat_and_cache_mla: kv_cache_dtype {kv_cache_dtype}")
     flat = kv_cache.view(-1, kv_cache.shape[-1])
@@ -201,6 +209,99 @@ def standin_per_token_group_quant_fp8(x: torch.Tensor, group_size: int, eps: flo
     return q, scale
 
 
+class _TopkShuffle:
+    """The order the persistent_topk stand-in returns: a fresh random permutation of each
+    row on every call (seeded, so a run is reproducible)."""
+
+    def __init__(self) -> None:
+        self.gen = torch.Generator().manual_seed(20261207)
+        self.calls = 0
+
+
+_TOPK_SHUFFLE = _TopkShuffle()
+
+
+def standin_persistent_topk(logits: torch.Tensor, lengths: torch.Tensor, output: torch.Tensor,
+                            workspace: torch.Tensor, k: int, max_seq_len: int) -> None:
+    """CPU stand-in for vLLM's persistent_topk (a CUDA op of its _C library; patch 0011's
+    indexer calls it on a GPU for index_topk 512, 1024 and 2048, GLM-5's): into output
+    [rows, k] each row's exact top-k set (the k best float32 scores among its first
+    lengths[row] columns, ties at the k-th score to the earliest positions, -1 where the
+    row has fewer) in a fresh random order on every call, with the -1 entries anywhere, as
+    the H100 showed the real kernel returns its rows (docs/validation/e2e-gpu/det). 0011
+    then puts every row in order with its Triton sort kernels, which run for real here."""
+    rows, width = logits.shape
+    cols = torch.arange(width)
+    masked = logits.float().masked_fill(cols[None, :] >= lengths[:, None].long(), float("-inf"))
+    kk = min(k, width)
+    order = torch.sort(-masked, dim=1, stable=True).indices[:, :kk]
+    sel = torch.where(torch.isfinite(masked.gather(1, order)), order, -1)
+    full = torch.full((rows, k), -1, dtype=torch.int64)
+    full[:, :kk] = sel
+    perm = torch.argsort(torch.rand(rows, k, generator=_TOPK_SHUFFLE.gen), dim=1)
+    _TOPK_SHUFFLE.calls += 1
+    output.copy_(full.gather(1, perm).to(output.dtype))
+
+
+_TOPK_LIBRARY: list[Any] = []
+
+
+def _register_persistent_topk() -> None:
+    """torch.ops._C.persistent_topk on the CPU: the stand-in (defined here when vLLM's _C,
+    a CUDA library, did not load, as on a machine without a GPU driver)."""
+    if _TOPK_LIBRARY:
+        return
+    try:
+        torch.ops._C.persistent_topk  # noqa: B018
+        lib = torch.library.Library("_C", "IMPL")
+    except (AttributeError, RuntimeError):
+        lib = torch.library.Library("_C", "FRAGMENT")
+        lib.define("persistent_topk(Tensor logits, Tensor lengths, Tensor(a!) output, Tensor(b!) workspace, "
+                   "int k, int max_seq_len) -> ()")
+    lib.impl("persistent_topk", standin_persistent_topk, "CPU")
+    _TOPK_LIBRARY.append(lib)
+
+
+# The steps that take the persistent_topk path on the CPU: at most this many tokens (one more
+# than 0011's SORT_RANK_MAX_ROWS, so both of its sort kernels run: the rank kernel for 1-4
+# rows, the bitonic one for 5) and an index_topk of at most PERSISTENT_TOPK_MAX_K. Triton's
+# interpreter sorts one row in ~0.05 s (rank) / ~0.5 s (bitonic) at k 32, 4 s / 20 s at k
+# 2048: a prefill's rows take 0011's torch top-k instead (a GPU takes persistent_topk there
+# too; the set is the same, the order the torch path's).
+PERSISTENT_TOPK_ROWS = 5
+PERSISTENT_TOPK_MAX_K = 256
+
+
+def _step_rows() -> int:
+    """Tokens of the forward step running now (its slot mapping's length)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return 0
+    slots = get_forward_context().slot_mapping
+    first = next(iter(slots[0].values() if isinstance(slots, list) else slots.values()), None)
+    return 0 if first is None else int(first.shape[0])
+
+
+def standin_topk_path(device: torch.device, topk: int) -> str:
+    """Stand-in for the device in 0011's choice of top-k implementation: on the CPU, the path
+    GLM-5's index_topk (2048) takes on a GPU, vLLM's persistent_topk (standin_persistent_topk
+    here, then 0011's real sort kernels), whatever the index_topk, for steps of at most
+    PERSISTENT_TOPK_ROWS tokens and index_topk up to PERSISTENT_TOPK_MAX_K; 0011's torch
+    top-k for the others (what its topk_path gives the CPU)."""
+    from vllm.v1.attention.backends.mla import sparse_utils
+
+    real = _REAL_TOPK_PATH.get("fn") or sparse_utils.topk_path
+    if device.type == "cpu":
+        if topk > PERSISTENT_TOPK_MAX_K or _step_rows() > PERSISTENT_TOPK_ROWS:
+            return "torch"
+        return str(real(torch.device("cuda"), max(sparse_utils.PERSISTENT_TOPK_K)))
+    return str(real(device, topk))
+
+
+_REAL_TOPK_PATH: dict[str, Any] = {}
+
+
 SERVICE_DTYPE = torch.bfloat16  # what the service runs (the backends accept fp16/bf16 only)
 SERVICE_CAPABILITY = (12, 0)  # RTX PRO 6000 Blackwell
 SERVICE_SM_COUNT = 188  # its streaming multiprocessors (the kernels' split counts read it)
@@ -250,6 +351,15 @@ def cpu_standins() -> Iterator[None]:
         stack.enter_context(replaced(ops, concat_and_cache_mla=standin_concat_and_cache_mla,
                                      ggml_dequantize=standin_ggml_dequantize,
                                      indexer_k_quant_and_cache=standin_indexer_k_quant_and_cache))
+        # 0011's top-k: the path it takes on a GPU (persistent_topk for k 512/1024/2048,
+        # stood in for; then its real sort kernels)
+        from vllm.v1.attention.backends.mla import sparse_utils
+
+        if getattr(sparse_utils, "topk_path", None) is not None:
+            _REAL_TOPK_PATH.setdefault("fn", sparse_utils.topk_path)
+            _register_persistent_topk()
+            stack.enter_context(replaced(sparse_utils, topk_path=standin_topk_path))
+            stack.enter_context(replaced(sai, topk_path=standin_topk_path))
         yield
 
 
@@ -282,6 +392,15 @@ def _free_port() -> int:
 _DIST_READY = False
 
 
+def _init_workspace() -> None:
+    """vLLM's workspace manager on the CPU (GPUModelRunner makes it on its device; 0011's
+    persistent_topk path takes its workspace from it)."""
+    from vllm.v1.worker import workspace
+
+    if workspace._manager is None:
+        workspace.init_workspace_manager(torch.device("cpu"))
+
+
 def _init_single_rank() -> None:
     global _DIST_READY
     if _DIST_READY:
@@ -305,12 +424,20 @@ class VllmCpuModel:
     """vLLM's GlmMoeDsaForCausalLM loaded from a GGUF on the CPU, run one prompt at a time."""
 
     def __init__(self, gguf: Path | str, hf_dir: Path | str, backend: str, *, max_model_len: int = 512,
-                 dtype: str = "float32", speculative_config: dict[str, Any] | None = None) -> None:
+                 dtype: str = "float32", speculative_config: dict[str, Any] | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         """``speculative_config``: what ``--speculative-config`` would get (e.g. ``{"method":
         "mtp", "num_speculative_tokens": 3}``); the drafter is then built and loaded as
-        vLLM's proposer builds it (``self.drafter``, ``draft()``)."""
+        vLLM's proposer builds it (``self.drafter``, ``draft()``). ``kv_cache_dtype``: what
+        ``--kv-cache-dtype`` would get; ``fp8`` (the sparse backend's fp8_ds_mla latent
+        cache, patch 0013) needs ``dtype`` bfloat16, as on a GPU: that cache keeps bf16
+        rope values and its kernel takes bf16 queries."""
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_CACHE_DTYPES)}")
+        if kv_cache_dtype == "fp8" and (backend != "TRITON_MLA_SPARSE" or dtype != "bfloat16"):
+            raise ValueError("kv_cache_dtype fp8 (the fp8_ds_mla latent cache): TRITON_MLA_SPARSE in bfloat16 only")
         prepare_environment()
         from vllm.config import (
             AttentionConfig,
@@ -328,6 +455,7 @@ class VllmCpuModel:
         from vllm.model_executor.model_loader import get_model_loader
 
         self.backend = backend
+        self.kv_cache_dtype = kv_cache_dtype
         self.model_config = ModelConfig(model=str(gguf), tokenizer=str(hf_dir), hf_config_path=str(hf_dir),
                                         dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
                                         quantization="gguf")
@@ -342,7 +470,7 @@ class VllmCpuModel:
             model_config=self.model_config,
             device_config=DeviceConfig(device="cpu"),
             load_config=LoadConfig(load_format="gguf"),
-            cache_config=CacheConfig(block_size=BLOCK),
+            cache_config=CacheConfig(block_size=BLOCK, cache_dtype=kv_cache_dtype),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=max_model_len, max_num_seqs=max_model_len,
                                              max_model_len=max_model_len, is_encoder_decoder=False),
             attention_config=AttentionConfig(backend=backend),
@@ -352,6 +480,7 @@ class VllmCpuModel:
         )
         with set_current_vllm_config(self.vllm_config):
             _init_single_rank()
+            _init_workspace()
             with cpu_standins(), torch.device("cpu"):
                 loader = get_model_loader(self.vllm_config.load_config)
                 self.model = loader.load_model(vllm_config=self.vllm_config, model_config=self.model_config)
@@ -408,7 +537,11 @@ class VllmCpuModel:
             spec = layer.get_kv_cache_spec(self.vllm_config)
             self.specs[name] = spec
             if isinstance(layer, MLAAttention):
-                layer.kv_cache = torch.zeros(self.num_blocks, BLOCK, layer.head_size, dtype=self.dtype)
+                # the backend's own cache shape (fp8_ds_mla: uint8 rows of 656 bytes)
+                shape = layer.get_attn_backend().get_kv_cache_shape(
+                    self.num_blocks, BLOCK, 1, layer.head_size, cache_dtype_str=layer.kv_cache_dtype)
+                dtype = torch.uint8 if layer.kv_cache_dtype == "fp8_ds_mla" else self.dtype
+                layer.kv_cache = torch.zeros(shape, dtype=dtype)
             else:  # DSA indexer key cache (fp8 values + float32 scales, bytes)
                 layer.kv_cache = torch.zeros(self.num_blocks, BLOCK, spec.head_size, dtype=torch.uint8)
 
@@ -443,6 +576,24 @@ class VllmCpuModel:
                                        blocks[None, :].expand(n, nblk).contiguous(), slots)
         else:
             cm = self._common_metadata([n], [t], blocks[None, :].contiguous(), slots)
+        return self.build_metadata(cm), {name: slots for name in self._attn_layers}
+
+    def block_table(self, t: int) -> torch.Tensor:
+        """The blocks of a sequence of up to t tokens, [1, blocks] int32: in reverse order
+        from the last block, so that a block-table fault cannot pass by identity."""
+        nblk = (t + BLOCK - 1) // BLOCK
+        return torch.arange(self.num_blocks - 1, self.num_blocks - 1 - nblk, -1, dtype=torch.int32)[None, :]
+
+    def common_metadata(self, query_lens: list[int], seq_lens: list[int], block_table: torch.Tensor,
+                        slots: torch.Tensor) -> Any:
+        """vLLM's CommonAttentionMetadata of one scheduled batch (what the model runner
+        builds each step): per request its query and sequence length, the block table
+        [requests, blocks] and the scheduled tokens' cache slots."""
+        return self._common_metadata(query_lens, seq_lens, block_table, slots)
+
+    def build_metadata(self, cm: Any) -> dict[str, Any]:
+        """Per attention layer: the metadata its backend's own builder makes of cm (one
+        builder per backend and cache spec, as the model runner keeps one per group)."""
         metadata: dict[str, Any] = {}
         builders: dict[tuple[type, int], Any] = {}
         for name, layer in self._attn_layers.items():
@@ -452,7 +603,34 @@ class VllmCpuModel:
             if key not in builders:
                 builders[key] = cls(spec, [name], self.vllm_config, torch.device("cpu"))
             metadata[name] = builders[key].build(common_prefix_len=0, common_attn_metadata=cm)
-        return metadata, {name: slots for name in self._attn_layers}
+        return metadata
+
+    def run(self, model: Any, cm: Any, input_ids: torch.Tensor, positions: torch.Tensor, **inputs: Any
+            ) -> torch.Tensor:
+        """One forward of model (the target or the drafter) over the batch cm schedules:
+        input_ids and positions [tokens], writing the caches at cm's slots."""
+        from vllm.config import set_current_vllm_config
+        from vllm.forward_context import set_forward_context
+
+        with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
+            metadata = self.build_metadata(cm)
+            slots = {name: cm.slot_mapping for name in self._attn_layers}
+            with set_forward_context(metadata, self.vllm_config, num_tokens=int(input_ids.shape[0]),
+                                     slot_mapping=slots):
+                out: torch.Tensor = model(input_ids=input_ids, positions=positions, **inputs)
+        return out
+
+    def logits(self, model: Any, hidden: torch.Tensor) -> torch.Tensor:
+        """model.compute_logits of hidden [n, d] -> [n, vocab] float32."""
+        from vllm.config import set_current_vllm_config
+
+        with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
+            out = model.compute_logits(hidden)
+        return out[:, : self.model_config.hf_config.vocab_size].float()
+
+    def reset_caches(self) -> None:
+        for layer in self._attn_layers.values():
+            layer.kv_cache.zero_()
 
     def forward(self, tokens: list[int], *, taps: Taps | None = None) -> torch.Tensor:
         """Logits [T, V] (float32) of one prompt; per-layer values into taps. The model's
@@ -493,6 +671,31 @@ class VllmCpuModel:
         with torch.no_grad(), set_current_vllm_config(self.vllm_config), cpu_standins():
             logits = self.model.compute_logits(hidden)
         return logits[:, : self.model_config.hf_config.vocab_size].float()
+
+    def decode_rows(self, tokens: list[int], rows: int, *, taps: Taps | None = None) -> torch.Tensor:
+        """Logits [rows, V] of the last ``rows`` positions of tokens run as one decode step
+        of ``rows`` requests, one token each (request j's context: the tokens up to its
+        position), over the caches a forward(tokens) just left: the step writes the same
+        cache rows again and reads them through the backends' decode paths (for the sparse
+        backend at most PERSISTENT_TOPK_ROWS rows take the persistent_topk path and 0011's
+        sort kernels)."""
+        t = len(tokens)
+        if not 0 < rows < t:
+            raise ValueError(f"decode_rows: {rows} rows of {t} tokens")
+        start = t - rows
+        blocks = self.block_table(t)[0]
+        pos = torch.arange(start, t)
+        slots = (blocks[pos // BLOCK].long() * BLOCK + pos % BLOCK).to(torch.int64)
+        cm = self._common_metadata([1] * rows, [p + 1 for p in range(start, t)],
+                                   blocks[None, :].expand(rows, blocks.shape[0]).contiguous(), slots)
+        hooks = _install_taps(self.model, taps) if taps is not None else []
+        try:
+            hidden = self.run(self.model, cm, torch.tensor(tokens[start:], dtype=torch.long), pos,
+                              intermediate_tensors=None)
+            return self.logits(self.model, hidden)
+        finally:
+            for h in hooks:
+                h.remove()
 
     def _step(self, model: Any, t: int, start: int, **inputs: Any) -> torch.Tensor:
         """One forward of model over the tokens at positions start..t-1 (earlier positions
