@@ -53,7 +53,7 @@ def test_filters_registered():
 
 # Every client of the service: none may spell a port or a URL of its own.
 CLIENTS = [
-    "playbooks/verify.yml",
+    "playbooks/phases/verify.yml",
     "playbooks/diagnose.yml",
     "roles/rollback/defaults/main.yml",
     "roles/vllm_service/vars/main.yml",
