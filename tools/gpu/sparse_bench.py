@@ -323,40 +323,33 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
             req, bt, s, BLOCK_SIZE=PAGE, NUM_TOPK_TOKENS=TOPK, BLOCK_N=128
         )
 
-    # (a) new
-    def a_idx() -> torch.Tensor:
-        return new.indexer_logits(qq, w, idx, bt, req, ctxl, MML, out=logits, tail=False)
+    def steps(
+        mod: types.ModuleType, scores: torch.Tensor, chosen: torch.Tensor
+    ) -> dict[str, Callable[[], torch.Tensor]]:
+        """indexer, top-k, MLA and the three together, through mod's kernels into its own buffers."""
 
-    def a_topk() -> torch.Tensor:
-        sel.fill_(-1)
-        return new.indexer_topk(logits, TOPK, sel, ctxl, ws)
+        def idx_step() -> torch.Tensor:
+            return mod.indexer_logits(qq, w, idx, bt, req, ctxl, MML, out=scores, tail=False)
 
-    def a_mla() -> torch.Tensor:
-        return new.sparse_mla(q, mla, conv(new, sel), SCALE, KV_LORA, sms)[0]
+        def topk_step() -> torch.Tensor:
+            chosen.fill_(-1)
+            return mod.indexer_topk(scores, TOPK, chosen, ctxl, ws)
 
-    def a_all() -> torch.Tensor:
-        a_idx()
-        a_topk()
-        return a_mla()
+        def mla_step() -> torch.Tensor:
+            return mod.sparse_mla(q, mla, conv(mod, chosen), SCALE, KV_LORA, sms)[0]
 
-    # (b) old: the 0011 this run replaces, called as (a) is
-    def b_idx() -> torch.Tensor:
-        return old.indexer_logits(qq, w, idx, bt, req, ctxl, MML, out=logits_old, tail=False)
+        def total() -> torch.Tensor:
+            idx_step()
+            topk_step()
+            return mla_step()
 
-    def b_topk() -> torch.Tensor:
-        sel_old.fill_(-1)
-        return old.indexer_topk(logits_old, TOPK, sel_old, ctxl, ws)
+        return {"indexer": idx_step, "topk": topk_step, "mla": mla_step, "total": total}
 
-    def b_mla() -> torch.Tensor:
-        return old.sparse_mla(q, mla, conv(old, sel_old), SCALE, KV_LORA, sms)[0]
+    # (a) new; (b) old: the 0011 this run replaces, called as (a) is
+    a_steps, b_steps = steps(new, logits, sel), steps(old, logits_old, sel_old)
 
-    def b_all() -> torch.Tensor:
-        b_idx()
-        b_topk()
-        return b_mla()
-
-    o_a = a_all().clone()
-    o_b = b_all().clone()
+    o_a = a_steps["total"]().clone()
+    o_b = b_steps["total"]().clone()
     torch.cuda.synchronize()
     run["topk_exact_rows_new"] = exact_topk_agreement(logits, ctxl, sel)
     run["topk_exact_rows_old"] = exact_topk_agreement(logits_old, ctxl, sel_old)
@@ -367,17 +360,9 @@ def heads_run(env: dict, ctx: int, batch: int, heads: int, d: dict, per: tuple) 
     run["scores_rel_err_vs_f32_first4k_old"] = rel_err(logits_old, ref)
     run["scores_new_vs_old_rel"] = rel_err(logits[:, :ctx], logits_old[:, :ctx])
     parts = {}
-    for name, fn in (
-        ("a_indexer", a_idx),
-        ("a_topk", a_topk),
-        ("a_mla", a_mla),
-        ("a_total", a_all),
-        ("b_indexer", b_idx),
-        ("b_topk", b_topk),
-        ("b_mla", b_mla),
-        ("b_total", b_all),
-    ):
-        parts[name] = graph_time(fn)
+    for prefix, step_fns in (("a", a_steps), ("b", b_steps)):
+        for step, fn in step_fns.items():
+            parts[f"{prefix}_{step}"] = graph_time(fn)
     # the score kernel's settings (SWEEP), at 8 heads only (the indexer has none)
     if heads == 8:
         scratch = torch.empty_like(logits)
