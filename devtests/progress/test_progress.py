@@ -168,8 +168,9 @@ def test_every_phase_is_a_text_vllm_logs() -> None:
         assert literal and literal in sources, f"{phase['pattern']!r}: {literal!r} not in vLLM's source"
 
 
-def _includes(node: Any) -> list[str]:
-    """Every include_tasks target in a task list (blocks included)."""
+def _includes(node: Any, role: str) -> list[str]:
+    """Every task file a task list includes (blocks included), as role/tasks/name:
+    include_tasks targets (in ``role``) and include_role's tasks_from."""
     found: list[str] = []
     for task in node if isinstance(node, list) else []:
         if not isinstance(task, dict):
@@ -177,22 +178,33 @@ def _includes(node: Any) -> list[str]:
         for key in ("ansible.builtin.include_tasks", "include_tasks"):
             target = task.get(key)
             if target is not None:
-                found.append(str(target.get("file", "") if isinstance(target, dict) else target))
+                name = Path(str(target.get("file", "") if isinstance(target, dict) else target)).name
+                found.append(f"{role}/tasks/{name}")
+        for key in ("ansible.builtin.include_role", "include_role"):
+            target = task.get(key)
+            if isinstance(target, dict):
+                name = str(target.get("tasks_from", "main"))
+                found.append(f"{target.get('name')}/tasks/{name if name.endswith('.yml') else name + '.yml'}")
         for part in ("block", "rescue", "always"):
-            found += _includes(task.get(part))
+            found += _includes(task.get(part), role)
     return found
 
 
-def test_no_wait_of_a_deploy_includes_itself_once_a_round() -> None:
+def test_no_task_file_includes_itself_once_a_round() -> None:
     """Each include nests Ansible's iterator one level deeper: a task file that includes
     itself once a round stops the run with a RecursionError after some 250 rounds
     (measured with ansible-core 2.19: two hours of 30 s rounds). The waits loop over their
-    rounds in one task instead (role glm5's follow.yml and unit_wait.yml). Role bench is
-    not part of a deploy (its rounds are one benchmark point's)."""
-    selfish = [str(f.relative_to(ROOT)) for f in sorted(ROOT.glob("roles/*/tasks/*.yml")) if f.parts[-3] != "bench"
-               and f.name in {Path(t).name for t in _includes(yaml.load(f.read_text(), LOADER))}]
+    rounds in one task instead (role glm5's follow.yml and unit_wait.yml, role bench's
+    progress.yml), with no exception: no task file of any role includes itself."""
+    files = sorted(ROOT.glob("roles/*/tasks/*.yml"))
+    assert ROOT / "roles" / "bench" / "tasks" / "progress.yml" in files
+    assert "glm5/tasks/follow.yml" in _includes(yaml.safe_load((ROOT / "roles/model/tasks/verify.yml").read_text()),
+                                                "model"), "include_role's tasks_from is not read"
+    selfish = [str(f.relative_to(ROOT)) for f in files
+               if str(f.relative_to(ROOT / "roles")) in _includes(yaml.load(f.read_text(), LOADER), f.parts[-3])]
     assert selfish == []
-    for name in ("follow.yml", "unit_wait.yml"):
-        tasks = yaml.safe_load((ROOT / "roles" / "glm5" / "tasks" / name).read_text())
+    for path in ("glm5/tasks/follow.yml", "glm5/tasks/unit_wait.yml", "bench/tasks/progress.yml"):
+        tasks = yaml.safe_load((ROOT / "roles" / path).read_text())
         loops = [t for t in tasks if "loop" in t]
         assert len(loops) == 1 and "break_when" in loops[0]["loop_control"] and "label" in loops[0]["loop_control"]
+        assert _includes(tasks, path.split("/")[0]) == [], path
