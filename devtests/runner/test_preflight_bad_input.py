@@ -32,7 +32,7 @@ def _message(event) -> str:
         pytest.param(
             {"glm5_gpu_required": False, "glm5_tensor_parallel_size": 0},
             VALIDATION,
-            "vllm_service_tensor_parallel_size (glm5_tensor_parallel_size) = 0 is refused",
+            "(glm5_tensor_parallel_size) = 0 is refused; expected 1 or more.",
             id="tp-zero",
         ),
         pytest.param(

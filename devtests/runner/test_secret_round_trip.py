@@ -72,7 +72,7 @@ def prepared(container: str) -> dict[str, Any]:
     }
 
 
-def _plays(tmp: Path, count: int, prefix: str) -> str:
+def _plays(tmp: Path, indices: list[int], prefix: str) -> str:
     """A playbook of one play per key (handlers are per play; in an include_role loop they
     would restart the last item's unit). Keys stay in extravars, never in the file."""
     plays = [{
@@ -81,7 +81,7 @@ def _plays(tmp: Path, count: int, prefix: str) -> str:
                  "vllm_service_port": "{{ round_trip_port | int + " + str(n) + " }}",
                  "vllm_service_api_key": "{{ round_trip_keys[" + str(n) + "] }}"},
         "roles": ["vllm_service"],
-    } for n in range(count)]
+    } for n in indices]
     path = tmp / f"{prefix}.yml"
     path.write_text(json.dumps(plays))
     return str(path)
@@ -122,24 +122,39 @@ def _status(container: str, port: int, key: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def deployed(container: str, prepared: dict[str, Any], tmp_path_factory) -> Run:
-    tmp = tmp_path_factory.mktemp("rt")
-    run, _ = _run(container, tmp, _plays(tmp, len(KEYS), "rt"),
-                  {**prepared, "round_trip_keys": KEYS, "round_trip_port": PORT})
-    failed = [e["event_data"]["res"].get("msg") for e in run.task_events() if e["event"] == "runner_on_failed"]
-    assert run.rc == 0, failed
-    return run
+def deployed(container: str, prepared: dict[str, Any], tmp_path_factory) -> dict[int, dict[str, Any]]:
+    """Each key deployed in turn under its own served name (rt-<n>), what its unit holds and
+    answers read right after its run: a host serves one name, and the run for rt-1 replaces
+    the unit of rt-0 (role vllm_service's old_units.yml). rt-1's unit stays for the -vvv
+    cases below."""
+    seen: dict[int, dict[str, Any]] = {}
+    for n, key in enumerate(KEYS):
+        tmp = tmp_path_factory.mktemp(f"rt{n}")
+        run, _ = _run(container, tmp, _plays(tmp, [n], "rt"),
+                      {**prepared, "round_trip_keys": KEYS, "round_trip_port": PORT})
+        failed = [e["event_data"]["res"].get("msg") for e in run.task_events() if e["event"] == "runner_on_failed"]
+        assert run.rc == 0, failed
+        seen[n] = {
+            "environ": _environ(container, f"vllm-rt-{n}.service"),
+            "own key": _status(container, PORT + n, key),
+            "other key": _status(container, PORT + n, KEYS[(n + 1) % len(KEYS)]),
+            "units": _sh(container, "ls /etc/systemd/system").stdout.split(),
+        }
+    return seen
 
 
 @pytest.mark.parametrize("index", range(len(KEYS)))
-def test_environ_equals_key_and_request_gets_200(container, deployed, index):
-    key, unit = KEYS[index], f"vllm-rt-{index}.service"
-    env = _environ(container, unit)
+def test_environ_equals_key_and_request_gets_200(deployed, index):
+    key, seen = KEYS[index], deployed[index]
+    env = seen["environ"]
     assert env[b"VLLM_API_KEY"] == key.encode("utf-8")
     assert env[b"GLM5_RT_TEXT"] == UNICODE_ENV["GLM5_RT_TEXT"].encode("utf-8")
     assert "GLM5_INJECTED" not in str(env)
-    assert _status(container, PORT + index, key) == 200
-    assert _status(container, PORT + index, KEYS[(index + 1) % len(KEYS)]) == 401
+    assert seen["own key"] == 200
+    assert seen["other key"] == 401
+    # one unit at a time: the run for this name replaced the one before
+    units = [u for u in seen["units"] if u.startswith("vllm-rt-") and u.endswith(".service")]
+    assert units == [f"vllm-rt-{index}.service"]
 
 
 def _refused_before_change(run: Run, task: str) -> str:
@@ -160,7 +175,7 @@ def _refused_before_change(run: Run, task: str) -> str:
     ids=["newline", "nul", "non-ascii", "leading-space"],
 )
 def test_unrepresentable_key_refused_before_change_and_never_shown(container, prepared, tmp_path, key, problem):
-    run, stdout = _run(container, tmp_path, _plays(tmp_path, 1, "rtbad"),
+    run, stdout = _run(container, tmp_path, _plays(tmp_path, [0], "rtbad"),
                        {**prepared, "round_trip_keys": [key], "round_trip_port": PORT + 50}, verbosity=3)
     assert run.rc != 0
     # The check is one entry of role vllm_service's validate.yml list; the role's last

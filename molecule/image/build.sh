@@ -14,6 +14,12 @@
 #        DEBIAN_MIRROR   debootstrap mirror (default: debootstrap's own default)
 set -euo pipefail
 
+# Two test stages may ask at once (scripts/test runs some side by side): one builds,
+# the other waits for it and then finds the image present.
+if [[ -z ${GLM5_IMAGE_BUILD_LOCKED:-} ]]; then
+  exec env GLM5_IMAGE_BUILD_LOCKED=1 flock "${TMPDIR:-/tmp}/glm5-image-build.lock" "$0" "$@"
+fi
+
 image=${MOLECULE_IMAGE:-glm5-test/debian13-systemd:1}
 suite=trixie
 packages=systemd,systemd-sysv,python3,python3-apt,dbus,iproute2,ca-certificates,sudo,procps,gnupg,kmod

@@ -29,8 +29,8 @@ description:
   - C(ports) are looked up in /proc/net/tcp and tcp6 (LISTEN); each listening socket is
     mapped to its process through /proc/<pid>/fd and to its systemd unit through
     /proc/<pid>/cgroup. Without CAP_SYS_PTRACE (containers) root cannot read other users'
-    fds; then a socket counts as a unit's of C(units) when that unit's main process has
-    the socket's owner uid.
+    fds; then a socket counts as a unit's of C(units), else of the units C(unit_globs)
+    names, when that unit's main process has the socket's owner uid.
   - SSH's ports are 22, what sshd listens on, what ssh.socket / sshd.socket listen on,
     and the Port / ListenAddress lines of /etc/ssh/sshd_config and the files it includes.
   - C(unit_globs) lists the units that files matching them stand for (role vllm_service:
@@ -266,6 +266,13 @@ def main() -> None:
             if info["name"] == "sshd" or info["unit"] in SSH_UNITS:
                 ssh_ports.setdefault(port, f"sshd listens on it on this host, pid {pid}")
 
+    glob_units: list[str] = []
+    for pattern in params["unit_globs"]:
+        for name in absolute_glob(pattern):
+            unit = name.name.rsplit(".", 1)[0] + ".service"
+            if unit not in glob_units:
+                glob_units.append(unit)
+
     wanted = set(params["ports"])
     listeners: dict[str, list[dict[str, Any]]] = {}
     unit_uids: dict[str, int | None] = {}
@@ -276,9 +283,10 @@ def main() -> None:
         pids = owners.get(inode, [])
         if not pids:
             # The process cannot be read (another user's, without CAP_SYS_PTRACE): a
-            # unit of `units` whose main process has the socket's uid, else the uid.
+            # unit of `units` whose main process has the socket's uid, then one of the
+            # units the globs name (the same service under an earlier name), else the uid.
             unit = ""
-            for candidate in params["units"]:
+            for candidate in [*params["units"], *(u for u in glob_units if u not in params["units"])]:
                 if candidate not in unit_uids:
                     unit_uids[candidate] = main_uid(module, candidate)
                 if unit_uids[candidate] == uid:
@@ -294,12 +302,6 @@ def main() -> None:
             if entry not in entries:
                 entries.append(entry)
 
-    glob_units: list[str] = []
-    for pattern in params["unit_globs"]:
-        for name in absolute_glob(pattern):
-            unit = name.name.rsplit(".", 1)[0] + ".service"
-            if unit not in glob_units:
-                glob_units.append(unit)
 
     module.exit_json(
         changed=False,

@@ -79,6 +79,12 @@ OP_KERNELS: dict[str, str] = {
     "merge_attn_states": r"merge_attn_states_kernel$",
 }
 
+# ops that answer a question on the host (a capability, a size) and launch no kernel:
+# a trace that calls them needs nothing of the libraries' SASS
+HOST_QUERY_OPS: frozenset[str] = frozenset(
+    {"_C.cutlass_scaled_mm_supports_fp8", "_C.cutlass_scaled_mm_supports_block_fp8"}
+)
+
 LIBRARIES: tuple[str, ...] = ("_C.abi3.so", "_moe_C.abi3.so", "_C_stable_libtorch.abi3.so")
 
 _ARCH = re.compile(r"\.(sm_\d+[a-z]?)\.")
