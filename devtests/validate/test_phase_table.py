@@ -89,8 +89,9 @@ def test_each_play_takes_its_tags_and_hosts_from_the_table():
             assert TABLE.get(role, {}).get("hosts", "routers") == "routers" or role == "tls_proxy", role
             continue
         assert hosts == "{{ glm5_phase_hosts }}", role
-        first = re.fullmatch(r"\{\{ glm5_phases\.(\w+)\.tags \}\}", tags)
-        assert first and TABLE[first.group(1)]["tags"][0] == TABLE[role]["tags"][0], (role, tags)
+        # written out (a template there is what --list-tags would print), equal to the row
+        assert tags == TABLE[role]["tags"], (role, tags)
+    assert [tags for role, _, tags in _applied() if role == "vllm_router"] == [TABLE["vllm_router"]["tags"]]
 
 
 def test_each_phase_playbook_validates_its_phase_first():
@@ -113,3 +114,14 @@ def test_the_readme_states_the_runs_plays_and_tasks():
     tasks = len(re.findall(r"(?m)^      \S.*\tTAGS: ", done.stdout))
     stated = re.search(r"(\d+) plays and (\d+) tasks", (ROOT / "README.md").read_text())
     assert stated and (int(stated.group(1)), int(stated.group(2))) == (plays, tasks), (plays, tasks)
+
+
+def test_list_tags_shows_every_phase_tag_rendered():
+    """`ansible-playbook site.yml --list-tags` is how a user finds the tags: each play's
+    are the names themselves, never a template, and every row's tags are among them."""
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "site.yml", "--list-tags"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "{{" not in done.stdout, done.stdout
+    listed = {t.strip() for line in re.findall(r"(?m)^\s+play #\d+ .*\tTAGS: \[(.*)\]$", done.stdout)
+              for t in line.split(",")}
+    assert {t for row in TABLE.values() for t in row["tags"]} <= listed, listed
