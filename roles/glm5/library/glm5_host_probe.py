@@ -302,7 +302,6 @@ def main() -> None:
             if entry not in entries:
                 entries.append(entry)
 
-
     module.exit_json(
         changed=False,
         paths=resolve(params["paths"]),
