@@ -1,7 +1,9 @@
 """Synthetic torch profiler traces in the shape vLLM 0.20.2's worker profiler writes them
-(Chrome trace events: the model runner's annotations, CUDA runtime calls with correlation
-ids, GPU kernels carrying the correlation id of the call that launched them, CUDA-graph
-kernels that of the cudaGraphLaunch)."""
+(as checked on real H100 traces, an excerpt of which is real-decode-c1.trace.json.gz):
+one ``execute_context_..._generation_...`` user annotation per step (execute_model; the
+sampler runs after it), CUDA runtime calls with correlation ids, GPU kernels carrying the
+correlation id of the call that launched them (CUDA-graph kernels: that of the
+cudaGraphLaunch), cpu_ops naming the vLLM op that launched an eager kernel."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ FORWARD = [
     ("void vllm::moe_align_block_size_kernel", 4.0),
     ("void mul_mat_vec_q<5, 1>", 60.0),
     ("void dequantize_block_cuda<8>", 6.0),
+    ("void quantize_q8_1<c10::BFloat16>", 3.0),
+    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", 9.0),
     ("void vllm::fused_add_rms_norm_kernel<bf16>", 8.0),
     ("triton_poi_fused_mul_silu_0", 3.0),
     ("void vllm::concat_and_cache_mla_kernel", 2.0),
@@ -48,9 +52,9 @@ def make_trace(steps: int = 4, t0: float = 1000.0) -> dict[str, Any]:
                        "args": {"correlation": correlation, "device": 0, "stream": 7}})
         gpu += dur
 
-    def annotate(phase: str, start: float, dur: float) -> None:
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"gpu_model_runner: {phase}", "pid": 1, "tid": 1,
-                       "ts": start, "dur": dur, "args": {}})
+    def annotate(start: float, dur: float, tokens: int = 1) -> None:
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"execute_context_0(0)_generation_1({tokens})",
+                       "pid": 1, "tid": 1, "ts": start, "dur": dur, "args": {}})
 
     def launch(name: str, at: float) -> int:
         nonlocal corr
@@ -59,21 +63,27 @@ def make_trace(steps: int = 4, t0: float = 1000.0) -> dict[str, Any]:
                        "args": {"correlation": corr}})
         return corr
 
+    def op(name: str, at: float, dur: float) -> None:
+        events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": at, "dur": dur,
+                       "args": {}})
+
     for _ in range(steps):
-        annotate("preprocess", cpu, 20.0)
+        annotate(cpu, 90.0)
         for name, dur in PREPROCESS:
             kernel(name, dur, launch("cudaLaunchKernel", cpu + 5.0))
-        annotate("forward", cpu + 25.0, 30.0)
         graph = launch("cudaGraphLaunch", cpu + 30.0)
         for name, dur in FORWARD:
             kernel(name, dur, graph)
-        annotate("postprocess", cpu + 60.0, 10.0)
+        op("vllm::_fused_mul_mat_gguf", cpu + 60.0, 10.0)
         kernel(*LM_HEAD, launch("cudaLaunchKernel", cpu + 62.0))
-        annotate("sample", cpu + 75.0, 10.0)
+        op("aten::argmax", cpu + 95.0, 10.0)
         for name, dur in SAMPLER:
-            kernel(name, dur, launch("cudaLaunchKernel", cpu + 77.0))
+            kernel(name, dur, launch("cudaLaunchKernel", cpu + 97.0))
         gpu += GAP_US
         cpu += 500.0
+    # a step that scheduled nothing: left out
+    events.append({"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_0(0)", "pid": 1,
+                   "tid": 1, "ts": cpu, "dur": 10.0, "args": {}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

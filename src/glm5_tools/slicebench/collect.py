@@ -33,8 +33,11 @@ def load_profile(prof_dir: Path, vocab: int) -> dict[str, Any]:
         if not traces:
             continue
         table = classify.classify(traces[0])
+        # the tokens the profiled steps scheduled (their annotations), else the capture's plan
+        # (a prefill chunk may be shorter than planned: a prefix-cache hit)
         out[meta["label"]] = {**table, "kind": meta["kind"], "batch": meta["batch"],
-                              "tokens_per_step": meta["tokens_per_step"], "vocab": vocab}
+                              "tokens_per_step": table.get("median_tokens") or meta["tokens_per_step"],
+                              "tokens_per_step_planned": meta["tokens_per_step"], "vocab": vocab}
     return out
 
 

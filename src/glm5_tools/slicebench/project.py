@@ -53,7 +53,7 @@ ALLREDUCE_BUSBW_GBPS = 25.0
 GOALS = {"single-stream decode tok/s": 100.0, "aggregate tok/s at 64": 1500.0, "prefill tok/s at 8k": 6000.0}
 
 PER_LAYER_ROWS = {c for c, _ in CLASSES} | {OTHER, MEMCPY}
-COMPUTE_BOUND_IN_PREFILL = {"dense linears", "routed experts", "MLA attention", "indexer"}
+COMPUTE_BOUND_IN_PREFILL = {"dense linears", "dense linears, bf16 cuBLAS", "routed experts", "MLA attention", "indexer"}
 LM_HEAD = PHASE_ROWS["postprocess"]
 
 
