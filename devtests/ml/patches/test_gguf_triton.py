@@ -66,15 +66,16 @@ def test_a_fault_in_the_kernels_fails_the_check(tmp_path: Path, fault: str, case
 
 
 def test_modes_and_refusal(tmp_path: Path) -> None:
-    """GLM5_GGUF_KERNELS: tuned by default, triton and vllm accepted, anything else
-    stops vLLM at import naming the variable; without 0015 triton is unknown."""
+    """GLM5_GGUF_KERNELS: triton by default, tuned and vllm accepted, anything else
+    stops vLLM at import naming the variable; without 0015 triton is unknown and
+    tuned the default."""
     import conftest
 
     code = (
         "import vllm.model_executor.layers.quantization.gguf as g;"
         "print('MODE', g.GGUF_KERNELS)"
     )
-    for env, want in ((None, "tuned"), ("triton", "triton"), ("vllm", "vllm")):
+    for env, want in ((None, "triton"), ("tuned", "tuned"), ("vllm", "vllm")):
         proc = overlay.run_in(conftest.PATCHED_SITE, _with_env(code, env))
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert _mode(proc.stdout) == want
@@ -109,6 +110,13 @@ import logging, os, torch
 os.environ["GLM5_GGUF_KERNELS"] = "triton"
 import vllm.model_executor.layers.quantization.gguf as g
 assert g._triton_covers(torch.empty(1, 256), 12) is False
+# the measured ranges: Q6_K dense layers at 1-2 tokens, the Q6_K head at 16-64,
+# Q5_K never, the routed experts at 1-2 and from 512
+assert g.triton_dense_tokens(14, 576) == (1, 2) and g.triton_dense_tokens(14, 6144) == (1, 2)
+assert g.triton_dense_tokens(14, 19360) == (16, 64)
+assert g.triton_dense_tokens(13, 2048) == (1, 0) and g.triton_dense_tokens(13, 19360) == (1, 0)
+assert g.triton_dense_tokens(12, 2048) == (1, 0)
+assert g.TRITON_MOE_TOKENS == ((1, 2), (512, 1 << 30))
 records = []
 class H(logging.Handler):
     def emit(self, r): records.append(r.getMessage())

@@ -355,20 +355,34 @@ def trace_gguf(rec: Recorder, target: Target, tp: int) -> None:
     vgguf.GGUF_KERNELS = "triton"
     try:
         for m in GGUF_STEPS:
-            if m <= vgguf.TRITON_DENSE_MAX_TOKENS:
+            # a linear the dispatch gives the Triton kernels at this step size is traced
+            # through it (gguf.py's own calls); the others through the kernels' own
+            # table (the tensor-core form past the dispatch's range): what the bench
+            # sweeps and a wider range would serve compiles too
+            def served(qtype: int, rows: int, m: int = m) -> bool:
+                lo, hi = vgguf.triton_dense_tokens(qtype, rows)
+                return bool(lo <= m <= hi)
+
+            by_dispatch = [(w, q) for _, w, q in dense if served(q, w.shape[0])]
+            by_table = [(w, q) for _, w, q in dense if not served(q, w.shape[0])]
+            # the merged q_a + kv_a layer, shard by shard as the dispatch serves them (a
+            # shard left to vLLM's ops is not traced: those are the library check's)
+            shards = [(start, end, width, qtype) for start, end, width, qtype in (
+                (0, Q_LORA, q_a.shape[1], GGUF_Q5_K), (Q_LORA, padded.shape[0], kv_a.shape[1], GGUF_Q6_K))
+                if served(qtype, end - start)]
+            merged = bool(shards)
+            if by_dispatch or merged:
                 with rec.in_scenario(f"TP{tp} GGUF linears x{m}"), virtual_device(target):
-                    for _, w, qtype in dense:
+                    for w, qtype in by_dispatch:
                         x = torch.empty(m, w.shape[1] // GGUF_BYTES[qtype] * 256, dtype=torch.float16)
                         vgguf._fused_mul_mat_gguf(x, w, qtype)
-                    vgguf._fused_mul_mat_gguf_merged(
-                        torch.empty(m, HIDDEN, dtype=torch.float16), padded, [0, Q_LORA], [Q_LORA, padded.shape[0]],
-                        [q_a.shape[1], kv_a.shape[1]], [GGUF_Q5_K, GGUF_Q6_K])
-            else:
-                # beyond the dispatch's range the kernels' own table (DENSE_TABLE: the
-                # tensor-core form) is what the bench sweeps and a wider range would
-                # serve: compiled too, through the kernels' entry point
+                    if merged:
+                        vgguf._fused_mul_mat_gguf_merged(
+                            torch.empty(m, HIDDEN, dtype=torch.float16), padded, [s[0] for s in shards],
+                            [s[1] for s in shards], [s[2] for s in shards], [s[3] for s in shards])
+            if by_table:
                 with rec.in_scenario(f"TP{tp} GGUF linears x{m} (kernel table)"), virtual_device(target):
-                    for _, w, qtype in dense:
+                    for w, qtype in by_table:
                         x = torch.empty(m, w.shape[1] // GGUF_BYTES[qtype] * 256, dtype=torch.float16)
                         gt.gguf_linear(x, w, qtype)
             ids = torch.stack([torch.randperm(EXPERTS)[:TOPK] for _ in range(m)]).to(torch.int32)
