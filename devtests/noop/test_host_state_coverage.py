@@ -62,7 +62,8 @@ CHANGERS = {
     "ml_env: Create the venv": "files:/opt (the venv root)",
     "ml_env: Remove a partly built venv (once an install left running there has ended)": "files:/opt (a venv "
     "under ml_env_root, and its build lock file beside it)",
-    "ml_env: Install the locked packages (uv pip sync, hashes required)": "files:/opt (the venv root)",
+    "ml_env: Install the locked packages (uv pip sync, hashes required), in the background": "files:/opt (the venv "
+    "root)",
     "ml_env: Install uv, pinned, into its tool venv": "files:/opt (ml_env_uv_venv)",
     "flash_attn: Install pip into the venv (pip wheel builds the wheel)": "files:/opt (the venv)",
     "flash_attn: Start the build in the background": "writes only its build directory (/var/lib/glm5)",
