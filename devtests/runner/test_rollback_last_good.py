@@ -20,14 +20,20 @@ fail the run within 30 s of the crash, naming vLLM's error.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_container import playbook_runner, start_container
+from runner_container import ROOT, playbook_runner, start_container
 from runner_events import Run
 
 UNIT = "/etc/systemd/system/vllm-glm-5.service"
@@ -228,4 +234,70 @@ def test_renaming_the_served_model_replaces_the_unit(host: str, run) -> None:
     assert _active(host, "vllm-glm-5b.service") == "active"
     assert _curl(host, 8000) == 200 and _curl(host, 8000, "/v1/models") == 401
     again = run("playbooks/service.yml", renamed)
+    assert again.rc == 0 and not _changed(again), _changed(again)
+
+
+def _main_pid(host: str, unit: str) -> int:
+    return int(subprocess.run(["docker", "exec", host, "systemctl", "show", "--value", "--property=MainPID", unit],
+                              capture_output=True, text=True).stdout.strip() or 0)
+
+
+def _environ(host: str, pid: int) -> str:
+    return subprocess.run(["docker", "exec", host, "cat", f"/proc/{pid}/environ"],
+                          capture_output=True, text=True).stdout.replace("\0", "\n")
+
+
+def test_service_run_killed_after_the_new_unit_then_rerun_serves(host: str, run, tmp_path: Path) -> None:
+    """A service run SIGKILLed (the whole ansible-playbook process group) once it has
+    written a new unit, before its handlers reloaded systemd and restarted the service:
+    the service still runs the old unit and nothing is recorded. The rerun finds the
+    files as asked (nothing to notify), sees that systemd or the service is behind them,
+    reloads and restarts; the service then runs the new unit, serves, and only then is
+    the new unit recorded as the last good one; a third run changes nothing. The host
+    is left by the test above serving glm-5b (vllm-glm-5b.service) on port 8000."""
+    service = "vllm-glm-5b.service"
+    unit = f"/etc/systemd/system/{service}"
+    before = _read(host, unit)
+    assert before and _read(host, f"{unit}.good") == before
+    pid_before = _main_pid(host, service)
+    assert pid_before > 0
+    # a changed environment in the unit (the stand-in's phases 2 s apart): a restart due
+    changed = {**SERVICE_VARS, "glm5_served_model_name": "glm-5b", **SLOW_START}
+    private = tmp_path / "killed"
+    private.mkdir()
+    (private / "vars.json").write_text(json.dumps(changed))
+    (private / "inventory.json").write_text(json.dumps({"all": {"children": {"gpu_servers": {"hosts": {host: {
+        "ansible_connection": "community.docker.docker", "ansible_python_interpreter": "/usr/bin/python3"}}}}}}))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+           "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_PIPELINING": "true",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    killed = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(private / "inventory.json"),
+         "-e", f"@{private / 'vars.json'}", str(ROOT / "playbooks/service.yml")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and killed.poll() is None:
+            if "GLM5_STANDIN_PHASE_S" in (_read(host, unit) or ""):
+                break
+            time.sleep(0.1)
+        assert killed.poll() is None, f"the run ended (rc {killed.returncode}) before it wrote the new unit"
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    assert "GLM5_STANDIN_PHASE_S" in (_read(host, unit) or ""), "the run never wrote the new unit"
+    assert _main_pid(host, service) == pid_before, "killed too late: the service was restarted already"
+    assert "GLM5_STANDIN_PHASE_S" not in _environ(host, pid_before)
+    assert _read(host, f"{unit}.good") == before, "a unit that never passed the readiness wait was recorded"
+
+    rerun = run("playbooks/service.yml", changed)
+    assert rerun.rc == 0, _message(rerun) if rerun.rc else ""
+    assert "Finish the reload and restart that a killed run left undone" in _changed(rerun), _changed(rerun)
+    pid_after = _main_pid(host, service)
+    assert pid_after not in (0, pid_before)
+    assert "GLM5_STANDIN_PHASE_S=2" in _environ(host, pid_after)
+    assert _curl(host, 8000) == 200 and _curl(host, 8000, "/v1/models") == 401
+    after = _read(host, unit)
+    assert after and after != before and _read(host, f"{unit}.good") == after
+    again = run("playbooks/service.yml", changed)
     assert again.rc == 0 and not _changed(again), _changed(again)
