@@ -3,6 +3,7 @@ repository's playbooks against it (shared by devtests/runner's modules)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -58,36 +59,56 @@ def start_container(prefix: str, volumes: Sequence[str] = ()) -> Iterator[str]:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
 
+def ansible_env() -> dict[str, str]:
+    """The environment every playbook run of these tests gets (ansible-runner's envvars,
+    or added to os.environ for an ansible-playbook started directly)."""
+    return {
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+        # No facts cached from one container for the next one of the same name.
+        "ANSIBLE_CACHE_PLUGIN": "memory",
+        # One `docker exec` per task instead of four (the docker connection pipelines).
+        "ANSIBLE_PIPELINING": "true",
+        # ansible-playbook from the same venv as this pytest.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+
+
+def inventory_of(container: str) -> dict[str, Any]:
+    """``container`` as the one host of group gpu_servers, reached through docker exec."""
+    return {"all": {"children": {"gpu_servers": {"hosts": {container: {
+        "ansible_connection": "community.docker.docker", "ansible_python_interpreter": "/usr/bin/python3"}}}}}}
+
+
+def start_playbook(container: str, private: Path, playbook: str, extravars: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """A playbook of the repository against ``container`` as a plain ansible-playbook in a
+    session of its own, not waited for: a test kills its whole process group
+    (os.killpg) as a SIGKILLed run would die. Its vars and inventory go to ``private``."""
+    private.mkdir(parents=True)
+    (private / "vars.json").write_text(json.dumps(extravars))
+    (private / "inventory.json").write_text(json.dumps(inventory_of(container)))
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(private / "inventory.json"),
+         "-e", f"@{private / 'vars.json'}", str(ROOT / playbook)],
+        env={**os.environ, **ansible_env()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+
+
 def playbook_runner(container: str, tmp_path: Path):
     """Runs a playbook of the repository against ``container`` through ansible-runner."""
     count = iter(range(1_000_000))
 
     def _run(playbook: str, extravars: dict[str, Any], tags: str | None = None) -> Run:
-        inventory = {
-            "all": {"children": {"gpu_servers": {"hosts": {container: {
-                "ansible_connection": "community.docker.docker",
-                "ansible_python_interpreter": "/usr/bin/python3",
-            }}}}}
-        }
         cmdline = f"--tags {tags}" if tags else None
         private = tmp_path / f"run{next(count)}"
         private.mkdir(parents=True)
         result = ansible_runner.run(
             private_data_dir=str(private),
             playbook=str(ROOT / playbook),
-            inventory=inventory,
+            inventory=inventory_of(container),
             extravars=extravars,
             cmdline=cmdline,
-            envvars={
-                "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-                "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-                # No facts cached from one container for the next one of the same name.
-                "ANSIBLE_CACHE_PLUGIN": "memory",
-                # One `docker exec` per task instead of four (the docker connection pipelines).
-                "ANSIBLE_PIPELINING": "true",
-                # ansible-playbook from the same venv as this pytest.
-                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-            },
+            envvars=ansible_env(),
             quiet=True,
         )
         return Run(rc=result.rc, events=list(result.events))

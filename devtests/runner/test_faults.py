@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import ansible_runner
 import pytest
-from runner_container import ROOT, start_container
+from runner_container import ROOT, ansible_env, inventory_of, start_container, start_playbook
 from runner_events import Run
 
 HERE = Path(__file__).resolve().parent
@@ -88,21 +87,6 @@ def sh(box: str, script: str, check: bool = True) -> subprocess.CompletedProcess
     return done
 
 
-def envvars() -> dict[str, str]:
-    return {
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_CACHE_PLUGIN": "memory",
-        "ANSIBLE_PIPELINING": "true",
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-    }
-
-
-def inventory(box: str) -> dict[str, Any]:
-    return {"all": {"children": {"gpu_servers": {"hosts": {box: {
-        "ansible_connection": "community.docker.docker", "ansible_python_interpreter": "/usr/bin/python3"}}}}}}
-
-
 def run(box: str, tmp: Path, playbook: Path, extravars: dict[str, Any], on_task: Any = None) -> Run:
     """A playbook through ansible-runner; on_task(name) is called as each task starts."""
     private = Path(tmp) / f"run-{time.monotonic_ns()}"
@@ -113,8 +97,8 @@ def run(box: str, tmp: Path, playbook: Path, extravars: dict[str, Any], on_task:
             on_task(str(event["event_data"].get("task", "")))
         return True
 
-    result = ansible_runner.run(private_data_dir=str(private), playbook=str(playbook), inventory=inventory(box),
-                                extravars=extravars, envvars=envvars(), quiet=True, event_handler=handler)
+    result = ansible_runner.run(private_data_dir=str(private), playbook=str(playbook), inventory=inventory_of(box),
+                                extravars=extravars, envvars=ansible_env(), quiet=True, event_handler=handler)
     return Run(rc=result.rc, events=list(result.events))
 
 
@@ -199,14 +183,7 @@ def test_sigkill_during_the_venv_install_then_rerun(box: str, helpers: None, tmp
     sh(box, "rm -f /root/stopped.json /root/resumed.json")
     subprocess.run(["docker", "exec", "-d", box, "python3", "/root/stop_uv.py", site_c, "numpy", venv_c,
                     "/root/stopped.json"], check=True)
-    private = tmp_path / "killed"
-    private.mkdir()
-    (private / "vars.json").write_text(json.dumps({**ENV_VARS, **LOCK_C_VARS}))
-    (private / "inventory.json").write_text(json.dumps(inventory(box)))
-    killed = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(private / "inventory.json"),
-         "-e", f"@{private / 'vars.json'}", str(ROOT / "playbooks/python_env.yml")],
-        env={**os.environ, **envvars()}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    killed = start_playbook(box, tmp_path / "killed", "playbooks/python_env.yml", {**ENV_VARS, **LOCK_C_VARS})
     try:
         deadline = time.monotonic() + 600
         stopped: dict[str, Any] = {}

@@ -20,12 +20,10 @@ fail the run within 30 s of the crash, naming vLLM's error.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_container import ROOT, playbook_runner, start_container
+from runner_container import playbook_runner, start_container, start_playbook
 from runner_events import Run
 
 UNIT = "/etc/systemd/system/vllm-glm-5.service"
@@ -263,18 +261,7 @@ def test_service_run_killed_after_the_new_unit_then_rerun_serves(host: str, run,
     assert pid_before > 0
     # a changed environment in the unit (the stand-in's phases 2 s apart): a restart due
     changed = {**SERVICE_VARS, "glm5_served_model_name": "glm-5b", **SLOW_START}
-    private = tmp_path / "killed"
-    private.mkdir()
-    (private / "vars.json").write_text(json.dumps(changed))
-    (private / "inventory.json").write_text(json.dumps({"all": {"children": {"gpu_servers": {"hosts": {host: {
-        "ansible_connection": "community.docker.docker", "ansible_python_interpreter": "/usr/bin/python3"}}}}}}))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-           "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_PIPELINING": "true",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-    killed = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(private / "inventory.json"),
-         "-e", f"@{private / 'vars.json'}", str(ROOT / "playbooks/service.yml")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    killed = start_playbook(host, tmp_path / "killed", "playbooks/service.yml", changed)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and killed.poll() is None:
