@@ -22,10 +22,10 @@ def _results(card: str = "NVIDIA H100 80GB HBM3", copy: float = 3000.0) -> dict:
         "device": {"name": card, "copy_GBps": copy},
         "profile": {
             "decode-c1": _capture("decode", 1, 1, {"routed experts": 2.6, "dense linears": 1.3,
-                                                   cl.PHASE_ROWS["postprocess"]: 0.8, cl.PHASE_ROWS["sample"]: 0.2,
+                                                   cl.LM_HEAD: 0.8, cl.SAMPLER: 0.2,
                                                    cl.IDLE: 0.5}),
             "decode-c64": _capture("decode", 64, 64, {"routed experts": 13.0, "MLA attention": 2.6,
-                                                      cl.PHASE_ROWS["postprocess"]: 1.6, cl.IDLE: 0.5}),
+                                                      cl.LM_HEAD: 1.6, cl.IDLE: 0.5}),
             "prefill": _capture("prefill", 1, 8192, {"routed experts": 52.0, "norms, RoPE, activations": 5.2,
                                                      cl.IDLE: 1.0}),
         },
@@ -39,8 +39,8 @@ def test_each_row_is_scaled_by_its_kind():
     nccl = proj["models"][pj.MODELS[0].name]["captures"]
     c1 = nccl["decode-c1"]["rows"]
     assert c1["routed experts"] == pytest.approx(2.6 * 78 / LAYERS * mem)  # per layer, memory-bound
-    assert c1[cl.PHASE_ROWS["postprocess"]] == pytest.approx(0.8 / 8 * mem)  # vocab / 8 per rank
-    assert c1[cl.PHASE_ROWS["sample"]] == pytest.approx(0.2 * mem)  # once per step
+    assert c1[cl.LM_HEAD] == pytest.approx(0.8 / 8 * mem)  # vocab / 8 per rank
+    assert c1[cl.SAMPLER] == pytest.approx(0.2 * mem)  # once per step
     assert c1[cl.IDLE] == pytest.approx(0.5)  # CPU time, as measured
     # 2 all-reduces of one token's hidden state per layer at 24 us + its bytes over 25 GB/s
     one = 24.0 + 2 * 7 / 8 * 6144 * 2 / (25.0 * 1e3)

@@ -42,6 +42,7 @@ silently wrong.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -90,8 +91,6 @@ INPUT = "input and metadata (before the forward)"
 LM_HEAD = "LM head (logits, eager)"
 SAMPLER = "sampler (after execute_model)"
 IDLE = "GPU idle in the step (CPU time)"
-# the rows that are not kernel classes of the forward, in table order
-PHASE_ROWS = {"preprocess": INPUT, "postprocess": LM_HEAD, "sample": SAMPLER}
 _COMPILED = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern in CLASSES]
 _OP_COMPILED = [(name, re.compile(pattern)) for name, pattern in OP_CLASSES]
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -205,14 +204,8 @@ def classify_events(events: list[dict[str, Any]]) -> dict[str, Any]:
     starts = [s.cpu_start for s in steps]
 
     def step_at(ts: float) -> Step | None:
-        lo, hi = 0, len(starts)
-        while lo < hi:  # the last step starting at or before ts
-            mid = (lo + hi) // 2
-            if starts[mid] <= ts:
-                lo = mid + 1
-            else:
-                hi = mid
-        return steps[lo - 1] if lo > 0 and ts < steps[lo - 1].cpu_end else None
+        i = bisect.bisect_right(starts, ts)  # the last step starting at or before ts
+        return steps[i - 1] if i > 0 and ts < steps[i - 1].cpu_end else None
 
     # the forward pass of each step: its first to last forward marker
     for e in events:

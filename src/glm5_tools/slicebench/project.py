@@ -32,7 +32,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from glm5_tools.slicebench.classify import CLASSES, IDLE, MEMCPY, OTHER, PHASE_ROWS
+from glm5_tools.slicebench.classify import (
+    CLASSES,
+    DENSE_BF16,
+    DENSE_GGUF,
+    IDLE,
+    LM_HEAD,
+    MEMCPY,
+    OTHER,
+    ROUTED,
+)
 
 REAL_LAYERS = 78
 TP = 8
@@ -53,8 +62,7 @@ ALLREDUCE_BUSBW_GBPS = 25.0
 GOALS = {"single-stream decode tok/s": 100.0, "aggregate tok/s at 64": 1500.0, "prefill tok/s at 8k": 6000.0}
 
 PER_LAYER_ROWS = {c for c, _ in CLASSES} | {OTHER, MEMCPY}
-COMPUTE_BOUND_IN_PREFILL = {"dense linears", "dense linears, bf16 cuBLAS", "routed experts", "MLA attention", "indexer"}
-LM_HEAD = PHASE_ROWS["postprocess"]
+COMPUTE_BOUND_IN_PREFILL = {DENSE_GGUF, DENSE_BF16, ROUTED, "MLA attention", "indexer"}
 
 
 @dataclass(frozen=True)

@@ -370,16 +370,15 @@ def trace_gguf(rec: Recorder, target: Target, tp: int) -> None:
             shards = [(start, end, width, qtype) for start, end, width, qtype in (
                 (0, Q_LORA, q_a.shape[1], GGUF_Q5_K), (Q_LORA, padded.shape[0], kv_a.shape[1], GGUF_Q6_K))
                 if served(qtype, end - start)]
-            merged = bool(shards)
-            if by_dispatch or merged:
+            if by_dispatch or shards:
                 with rec.in_scenario(f"TP{tp} GGUF linears x{m}"), virtual_device(target):
                     for w, qtype in by_dispatch:
                         x = torch.empty(m, w.shape[1] // GGUF_BYTES[qtype] * 256, dtype=torch.float16)
                         vgguf._fused_mul_mat_gguf(x, w, qtype)
-                    if merged:
+                    if shards:
+                        starts, ends, widths, qtypes = (list(column) for column in zip(*shards, strict=True))
                         vgguf._fused_mul_mat_gguf_merged(
-                            torch.empty(m, HIDDEN, dtype=torch.float16), padded, [s[0] for s in shards],
-                            [s[1] for s in shards], [s[2] for s in shards], [s[3] for s in shards])
+                            torch.empty(m, HIDDEN, dtype=torch.float16), padded, starts, ends, widths, qtypes)
             if by_table:
                 with rec.in_scenario(f"TP{tp} GGUF linears x{m} (kernel table)"), virtual_device(target):
                     for w, qtype in by_table:
