@@ -50,6 +50,11 @@ def test_plan_command_line():
     assert pairs["--random-input-len"] == "1024" and pairs["--random-output-len"] == "256"
     assert pairs["--max-concurrency"] == "8" and pairs["--num-prompts"] == "32"
     assert pairs["--result-filename"] == "sweep-in1024-out256-c8.json"
+    # the generator's first request (a 64k prompt at a slow prefill) is bounded by the point's timeout
+    assert pairs["--ready-check-timeout-sec"] == "1800"
+    short, _ = expand(PROFILES, ["sweep"], 4096, Settings(**{**SETTINGS.__dict__, "point_timeout_s": 420}))
+    sargv = short[0].argv
+    assert sargv[sargv.index("--ready-check-timeout-sec") + 1] == "420"
     assert "--ignore-eos" in argv and "--save-result" in argv and "--insecure" not in argv
 
 

@@ -59,7 +59,6 @@ class Settings:
     long_margin: int = 64
     warmups: int = 1
     seed: int = 0
-    ready_check_timeout_s: int = 30
     insecure: bool = False
 
 
@@ -119,8 +118,12 @@ def generator_argv(settings: Settings, point: Point, index: int = 0) -> list[str
         str(settings.warmups),
         "--seed",
         str(settings.seed + index),
+        # The generator's first request (its ready check) is one of the point's own
+        # prompts: a 64k prompt's prefill can take longer than the generator's usual
+        # bound, so the check may take as long as the point (readiness itself was
+        # checked before any load).
         "--ready-check-timeout-sec",
-        str(settings.ready_check_timeout_s),
+        str(settings.point_timeout_s),
         "--percentile-metrics",
         "ttft,tpot,itl,e2el",
         "--metric-percentiles",
