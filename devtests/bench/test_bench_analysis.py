@@ -83,6 +83,36 @@ def test_figures_from_the_generator_json():
     assert f["p99_itl_ms"] == RAW["p99_itl_ms"]
 
 
+
+def _streamed(counted: list[int], chunks: list[int], gap_s: float, duration: float) -> dict:
+    """A generator result with --save-detailed's per-request lists: `counted` output
+    tokens per request as the generator counted them, `chunks` streamed events each."""
+    return {**RAW, "completed": len(counted), "duration": duration, "total_output_tokens": sum(counted),
+            "output_lens": counted, "ttfts": [0.15] * len(counted),
+            "itls": [[gap_s] * (c - 1) for c in chunks], "output_throughput": sum(counted) / duration,
+            "p50_tpot_ms": 1.88, "p99_tpot_ms": 1.96}
+
+
+def test_a_count_above_max_tokens_is_recounted_from_the_streamed_chunks():
+    # llama-server with random weights: 128 tokens streamed one an event, the re-tokenized
+    # text counted 391 and 389 (the slice's llama.cpp run); TPOT 5.7 ms, not 1.88
+    raw = _streamed([391, 389], [128, 128], 0.0057, 1.768)
+    f = figures(raw, 128)
+    assert f["recounted"] == 1.0
+    assert f["p50_tpot_ms"] == pytest.approx(5.7) and f["p99_tpot_ms"] == pytest.approx(5.7)
+    assert f["tokens_per_user"] == pytest.approx(1000 / 5.7)
+    assert f["output_throughput"] == pytest.approx(256 / 1.768)
+    assert f["p50_ttft_ms"] == RAW["p50_ttft_ms"]  # the first token's time is the server's either way
+
+
+def test_counts_the_server_gave_are_kept():
+    # vLLM with MTP: usage says 128, fewer chunks carry them (several tokens an event)
+    raw = _streamed([128, 128], [50, 60], 0.012, 2.0)
+    f = figures(raw, 128)
+    assert f["recounted"] == 0.0 and f["p50_tpot_ms"] == 1.88 and f["output_throughput"] == 128.0
+    # and without the per-request lists (no --save-detailed) nothing can be recounted
+    assert figures(RAW, 1)["recounted"] == 0.0
+
 PROM_BEFORE = """# TYPE vllm:prefix_cache_queries_total counter
 vllm:prefix_cache_queries_total{engine="0",model_name="glm-5"} 1000.0
 vllm:prefix_cache_hits_total{engine="0",model_name="glm-5"} 100.0

@@ -131,6 +131,10 @@ def generator_argv(settings: Settings, point: Point, index: int = 0) -> list[str
         "--label",
         point.id,
         "--save-result",
+        # per request: the first token's time, the gaps between streamed chunks and the
+        # counted tokens, from which the report recounts a server's output that the
+        # generator could only count by re-tokenizing its text (report.figures)
+        "--save-detailed",
         "--result-dir",
         settings.result_dir,
         "--result-filename",

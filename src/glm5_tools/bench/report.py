@@ -38,13 +38,64 @@ class ReportError(ValueError):
     """A run directory or a threshold that cannot be read; the message names it."""
 
 
-def figures(raw: dict[str, Any]) -> dict[str, float | None]:
+def _percentile(values: list[float], q: float) -> float:
+    """numpy's default (linear) percentile, as the generator computes its own."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def recount(raw: dict[str, Any], max_tokens: int) -> dict[str, Any] | None:
+    """Output tokens and TPOT recounted per request, where the generator's count cannot
+    be the server's; None where every count is possible.
+
+    The generator takes a request's output tokens from the usage the server streams
+    last, and otherwise re-tokenizes the generated text with the model's tokenizer.
+    llama-server sends its usage in the same event as its last choice, which the
+    generator does not read, so its text is re-tokenized: with weights that write no
+    language (the serving slice's random ones) that count was 3x the tokens generated
+    (391 for 128). A count above the request's max_tokens cannot be the server's; such
+    a request is recounted as its streamed chunks (llama-server streams one token an
+    event), and its TPOT as the time after the first chunk over the chunks after it.
+    Needs the per-request lists of ``--save-detailed``."""
+    lens, ttfts, itls = raw.get("output_lens"), raw.get("ttfts"), raw.get("itls")
+    if not (isinstance(lens, list) and isinstance(ttfts, list) and isinstance(itls, list)):
+        return None
+    if not any(isinstance(n, int) and n > max_tokens for n in lens):
+        return None
+    counts: list[int] = []
+    tpots: list[float] = []
+    for n, gaps in zip(lens, itls, strict=False):
+        if not isinstance(gaps, list) or not isinstance(n, int) or n <= 0:
+            continue  # a failed request: no tokens
+        count = len(gaps) + 1 if n > max_tokens else n
+        counts.append(count)
+        if count > 1:
+            tpots.append(sum(gaps) / (count - 1) * 1000.0)
+    duration = raw.get("duration")
+    return {
+        "total_output_tokens": sum(counts),
+        "output_throughput": sum(counts) / duration if isinstance(duration, (int, float)) and duration else None,
+        "p50_tpot_ms": _percentile(tpots, 50) if tpots else None,
+        "p99_tpot_ms": _percentile(tpots, 99) if tpots else None,
+        "generator_output_tokens": raw.get("total_output_tokens"),
+    }
+
+
+def figures(raw: dict[str, Any], max_tokens: int | None = None) -> dict[str, float | None]:
     """The figures of one point from ``vllm bench serve``'s result JSON.
 
     tokens_per_user is the decode speed one user sees, 1000 / median TPOT (ms);
     prefill_throughput is the mean prompt length over the median TTFT (s), the
-    prefill speed of a request when TTFT is mostly prefill (concurrency 1).
+    prefill speed of a request when TTFT is mostly prefill (concurrency 1). With
+    max_tokens (the point's output length), output counts the generator cannot have
+    had from the server are recounted (recount); ``recounted`` is then 1.
     """
+    fixed = recount(raw, max_tokens) if max_tokens else None
+    if fixed:
+        raw = {**raw, **{k: v for k, v in fixed.items() if v is not None}}
 
     def num(key: str) -> float | None:
         value = raw.get(key)
@@ -70,6 +121,7 @@ def figures(raw: dict[str, Any]) -> dict[str, float | None]:
         "p99_tpot_ms": num("p99_tpot_ms"),
         "p50_itl_ms": num("p50_itl_ms") or num("median_itl_ms"),
         "p99_itl_ms": num("p99_itl_ms"),
+        "recounted": 1.0 if fixed else 0.0,
     }
 
 
@@ -181,7 +233,7 @@ def load_points(run_dir: Path, plan: list[dict[str, Any]], sub: str = "") -> lis
             raise ReportError(f"{path}: not JSON ({exc})") from exc
         info = {k: entry[k] for k in ("id", "profile", "kind", "input_len", "output_len", "concurrency",
                                       "num_prompts")}
-        points.append({**info, "figures": figures(raw)})
+        points.append({**info, "figures": figures(raw, int(entry["output_len"]))})
     return points
 
 
@@ -324,6 +376,11 @@ def build(
     lines += [*table(points), ""]
     for skipped in plan_doc.get("skipped", []):
         lines.append(f"- skipped {skipped['id']}: {skipped['reason']}")
+    recounted = [f"{side}{p['id']}" for side, pts in (("", points), *((f"{k} ", v) for k, v in others.items()))
+                 for p in pts if p["figures"].get("recounted")]
+    if recounted:
+        lines.append(f"- output tokens recounted from the streamed chunks (the generator's count exceeded "
+                     f"max_tokens: re-tokenized text, not the server's count): {', '.join(recounted)}")
     lines += ["", *server_section(view), ""]
     if others:
         lines += ["## Side by side: vLLM / llama.cpp (same generator, same points)", "",
