@@ -6,8 +6,10 @@ Long tasks (the model fetch, the sha256 verification, the flash-attn build) run 
 ``async``/``poll: 0``; role glm5's tasks/follow.yml calls this module in rounds and
 prints its C(line) after each, so that the run shows progress while the work goes on.
 The job's progress is read from a JSON file of numbers it writes (the document of
-role glm5's module_utils/glm5_progress.py, put in words by its describe()) or from the
-last lines of its log. The job has ended when Ansible's async wrapper has replaced the
+role glm5's module_utils/glm5_progress.py, put in words by its describe()), from the
+last lines of its log, or, for an apt install (I(apt)), from apt's and dpkg's own
+records (module_utils/glm5_apt_progress.py: packages unpacked and set up of the total,
+bytes fetched). The job has ended when Ansible's async wrapper has replaced the
 C(results_file) the async task returned (a documented return value) with the module's
 result; this module then returns the keys of that result named in I(keep) (never the
 module's invocation, which may hold arguments not to be shown) and removes the file.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glm5_apt_progress import apt_progress, apt_summary
 from ansible.module_utils.glm5_progress import describe
 
 DOCUMENTATION = r"""
@@ -30,15 +33,26 @@ module: glm5_job_progress
 short_description: One round of following an async task (wait, then report its progress)
 description:
   - Waits until the async job whose C(results_file) is I(results_file) has ended, at most
-    I(wait) seconds, then returns C(finished), a progress C(line) (from I(progress) or the
-    last I(log_lines) lines of I(log)) and, once finished, C(result) (the keys I(keep) of
-    the job's result). Removes the results file once read.
+    I(wait) seconds, then returns C(finished), a progress C(line) (from I(progress), the
+    last I(log_lines) lines of I(log), or apt's logs and archives with I(apt)) and, once
+    finished, C(result) (the keys I(keep) of the job's result). Removes the results file
+    once read.
 options:
   results_file: {description: The results_file an async task with poll 0 returned., type: path, required: true}
   wait: {description: Seconds to wait at most in this round., type: float, default: 30}
   progress: {description: Progress document the job writes (module_utils/glm5_progress.py)., type: path, default: ""}
   log: {description: Log whose last lines are the progress (when there is no progress file)., type: path, default: ""}
   log_lines: {description: How many of the log's last lines., type: int, default: 3}
+  apt:
+    description:
+      - The job is an apt install; its progress is read from apt's logs (I(apt_log_dir)), the
+        archives it fetches into (I(apt_archives)) and the lists it updates (I(apt_lists)), and
+        its end is told in apt's own summary lines.
+    type: bool
+    default: false
+  apt_log_dir: {description: apt's log directory (Dir::Log)., type: path, default: /var/log/apt}
+  apt_archives: {description: apt's archives (Dir::Cache::archives)., type: path, default: /var/cache/apt/archives}
+  apt_lists: {description: apt's lists (Dir::State::lists)., type: path, default: /var/lib/apt/lists}
   keep:
     description: Keys of the job's result to return.
     type: list
@@ -81,9 +95,13 @@ def job_result(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def progress_line(progress: str, log: str, log_lines: int, since: float) -> tuple[str, list[str]]:
+def progress_line(progress: str, log: str, log_lines: int, since: float,
+                  apt: dict[str, str] | None = None) -> tuple[str, list[str]]:
     """The progress in words (a document written before ``since``, the job's start, is a
-    previous run's: not shown), and the log's last lines."""
+    previous run's: not shown), and the log's last lines. ``apt``: the directories of an
+    apt job's logs, archives and lists."""
+    if apt:
+        return describe(apt_progress(apt["log_dir"], apt["archives"], apt["lists"], since)), []
     if progress:
         try:
             doc = json.loads(Path(progress).read_text())
@@ -110,6 +128,10 @@ def main() -> None:
             "progress": {"type": "path", "default": ""},
             "log": {"type": "path", "default": ""},
             "log_lines": {"type": "int", "default": 3},
+            "apt": {"type": "bool", "default": False},
+            "apt_log_dir": {"type": "path", "default": "/var/log/apt"},
+            "apt_archives": {"type": "path", "default": "/var/cache/apt/archives"},
+            "apt_lists": {"type": "path", "default": "/var/lib/apt/lists"},
             "keep": {"type": "list", "elements": "str", "default": ["rc", "stdout", "stderr", "msg", "failed",
                                                                       "changed"]},
         },
@@ -126,7 +148,14 @@ def main() -> None:
         since = path.stat().st_mtime if data is None else 0.0  # the job's start: its "started" record
     except OSError:
         since = 0.0
-    line, lines = progress_line(p["progress"], p["log"], p["log_lines"], since)
+    apt = {"log_dir": p["apt_log_dir"], "archives": p["apt_archives"], "lists": p["apt_lists"]} if p["apt"] else None
+    lines: list[str] = []
+    if data is not None and apt:
+        # The job's start is no longer known (its record was replaced by the result): the
+        # end in apt's own words instead of the logs.
+        line = apt_summary(data)
+    else:
+        line, lines = progress_line(p["progress"], p["log"], p["log_lines"], since, apt)
     if data is None:
         if not path.exists():  # a job that has ended leaves its result in place until read
             module.fail_json(msg=f"the background job's results file {path} is gone (another run took it, or a"

@@ -18,6 +18,10 @@ round and prints ``describe(doc)``. Keys of a progress document (all optional bu
   updated         when the document was written (epoch seconds; an older one than the
                   job is a previous run's and is not shown)
   nothing_to_do   every file was in place already
+
+A document with ``kind: apt`` is an apt install in flight, read from apt's and dpkg's own
+logs by module_utils/glm5_apt_progress.py (its keys are listed there: phase, packages,
+unpacked, set_up, fetched_bytes, ...); ``describe`` puts it in words with ``describe_apt``.
 """
 
 from __future__ import annotations
@@ -51,8 +55,40 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def describe_apt(doc: dict[str, Any]) -> str:
+    """An apt install in flight as one sentence (module_utils/glm5_apt_progress.py's
+    document): what apt fetches, or what dpkg has unpacked and set up of the total."""
+    phase = doc.get("phase")
+    fetched, files = int(doc.get("fetched_bytes") or 0), int(doc.get("fetched_files") or 0)
+    current = [c for c in doc.get("current") or [] if isinstance(c, dict)]
+    took = human_seconds(float(doc.get("elapsed") or 0))
+    now = ""
+    if current:
+        now = f"; now {current[-1].get('path')} ({human_bytes(int(current[-1].get('bytes') or 0))} so far)"
+        if len(current) > 1:
+            now += f" and {len(current) - 1} more"
+    if phase in ("dpkg", "dpkg_done"):
+        total = int(doc.get("packages") or 0)
+        text = (f"dpkg has unpacked {int(doc.get('unpacked') or 0)} of {total} packages and set up"
+                f" {int(doc.get('set_up') or 0)} of {total}")
+        if doc.get("removals"):
+            text += f", removed {int(doc.get('removed') or 0)} of {int(doc['removals'])}"
+        if fetched:
+            text += f" ({human_bytes(fetched)} fetched)"
+        if phase == "dpkg_done":
+            return text + "; dpkg has finished, apt is ending"
+        return text + (f"; last: {doc['last']}" if doc.get("last") else "")
+    if phase == "fetch":
+        return f"fetching the packages: {human_bytes(fetched)} so far in {took}, {count(files, 'file')} complete{now}"
+    if phase == "lists":
+        return f"updating the package lists: {human_bytes(int(doc.get('lists_bytes') or 0))} so far{now}"
+    return f"resolving the packages: nothing fetched or unpacked yet after {took}"
+
+
 def describe(doc: dict[str, Any]) -> str:
     """The progress document as one sentence."""
+    if doc.get("kind") == "apt":
+        return describe_apt(doc)
     what = str(doc.get("what") or "progress")
     total = int(doc.get("bytes_total") or 0)
     done_bytes = int(doc.get("bytes_done") or 0)
