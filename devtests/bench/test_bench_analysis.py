@@ -113,6 +113,22 @@ def test_counts_the_server_gave_are_kept():
     # and without the per-request lists (no --save-detailed) nothing can be recounted
     assert figures(RAW, 1)["recounted"] == 0.0
 
+
+def test_the_first_request_is_left_out_of_the_first_token_figures():
+    # the generator's ready check and warm-up send the first request's prompt: the server
+    # answers its prefill from the prefix cache (the slice at one user: 48 against 198 ms)
+    raw = {**RAW, "completed": 3, "input_lens": [1024, 1024, 2048], "ttfts": [0.048, 0.198, 0.300],
+           "errors": ["", "", ""], "p50_ttft_ms": 123.0, "p99_ttft_ms": 196.3}
+    f = figures(raw)
+    assert f["ttft_requests"] == 2.0
+    assert f["p50_ttft_ms"] == pytest.approx(249.0) and f["p99_ttft_ms"] == pytest.approx(298.98)
+    assert f["prefill_throughput"] == pytest.approx(1536 / 0.249)
+    # a failed request is left out too; one request alone keeps the generator's figures
+    failed = figures({**raw, "errors": ["", "", "timeout"]})
+    assert failed["ttft_requests"] == 1.0 and failed["p50_ttft_ms"] == pytest.approx(198.0)
+    single = figures({**RAW, "completed": 1, "input_lens": [1024], "ttfts": [0.05]})
+    assert single["ttft_requests"] == 1.0 and single["p50_ttft_ms"] == RAW["p50_ttft_ms"]
+
 PROM_BEFORE = """# TYPE vllm:prefix_cache_queries_total counter
 vllm:prefix_cache_queries_total{engine="0",model_name="glm-5"} 1000.0
 vllm:prefix_cache_hits_total{engine="0",model_name="glm-5"} 100.0
