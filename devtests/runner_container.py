@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from runner_events import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = os.environ.get("MOLECULE_IMAGE", "glm5-test/debian13-systemd:1")
+# The readiness wait of role glm5's tasks/unit_wait.yml (one task looping over its rounds).
+WAIT_ROUND = "Wait for the service to answer, a line a round (fails at once when it crashes)"
 
 
 def _docker(*args: str) -> subprocess.CompletedProcess[str]:
@@ -57,6 +60,16 @@ def start_container(prefix: str, volumes: Sequence[str] = ()) -> Iterator[str]:
         yield name
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def crash_times(container: str, unit: str) -> list[float]:
+    """When ``unit``'s main process exited (systemd's 'Main process exited' lines), epoch
+    seconds, oldest first; at least one."""
+    found = subprocess.run(["docker", "exec", container, "journalctl", "-u", unit, "-o", "short-unix", "--no-pager",
+                            "--grep", "Main process exited"], capture_output=True, text=True).stdout
+    stamps = [float(s) for s in re.findall(r"^(\d+\.\d+) ", found, re.MULTILINE)]
+    assert stamps, f"no crash in {unit}'s journal: {found!r}"
+    return stamps
 
 
 def ansible_env() -> dict[str, str]:

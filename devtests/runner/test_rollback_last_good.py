@@ -26,12 +26,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_container import playbook_runner, start_container, start_playbook
+from runner_container import WAIT_ROUND, crash_times, playbook_runner, start_container, start_playbook
 from runner_events import Run
 
 UNIT = "/etc/systemd/system/vllm-glm-5.service"
@@ -57,7 +56,6 @@ SLOW_START: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_PHASE_S
 # unit's Restart=on-failure (RestartSec 30 s: the run must fail before the first restart).
 CRASH_LOOP: dict[str, Any] = {"vllm_service_environment": {"GLM5_STANDIN_FAIL": "kv_cache"},
                               "vllm_service_ready_timeout": 600}
-WAIT_ROUND = "Wait for the service to answer, a line a round (fails at once when it crashes)"
 # A stand-in that starts and never listens (vLLM hung while loading), with a short wait.
 NEVER_READY: dict[str, Any] = {
     "vllm_service_command": ["/usr/bin/python3", "-c", "import time; time.sleep(86400)"],
@@ -96,13 +94,6 @@ def _failed_task(result: Run) -> str:
     return str(result.first_failure()["event_data"]["task"])
 
 
-def _message(result: Run) -> str:
-    """The failed task's message; of a loop (the readiness wait's rounds), its failed round's."""
-    res = result.first_failure()["event_data"]["res"]
-    failed = [r for r in res.get("results", []) if r.get("failed")]
-    return str((failed[-1] if failed else res).get("msg", ""))
-
-
 def _changed(result: Run) -> list[str]:
     return [e["event_data"].get("task", "?") for e in result.task_events()
             if e["event_data"].get("res", {}).get("changed")]
@@ -114,16 +105,6 @@ def _progress(result: Run) -> list[str]:
             for r in e["event_data"]["res"].get("results", []) if "line" in r]
 
 
-def _crash_time(host: str) -> float:
-    """When the unit's main process last crashed (systemd's 'Main process exited' line), epoch seconds."""
-    found = subprocess.run(
-        ["docker", "exec", host, "journalctl", "-u", "vllm-glm-5.service", "-o", "short-unix", "--no-pager",
-         "--grep", "Main process exited", "-n", "1"], capture_output=True, text=True).stdout
-    stamps = re.findall(r"^(\d+\.\d+) ", found, re.MULTILINE)
-    assert stamps, f"no crash in the unit's journal: {found!r}"
-    return float(stamps[-1])
-
-
 def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: str, run) -> None:
     prepared = run("molecule/fixtures/model_standin_dir.yml", {})
     assert prepared.rc == 0
@@ -132,12 +113,12 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     refused = run("playbooks/rollback.yml", SERVICE_VARS)
     assert refused.rc != 0
     assert _failed_task(refused) == "Require a unit that passed the readiness wait to roll back to"
-    assert "no unit has passed the readiness wait" in _message(refused)
+    assert "no unit has passed the readiness wait" in refused.failure_message()
     assert not _changed(refused)
 
     # 2. A good deploy on the default port; its readiness wait says the phases reached.
     g1 = run("playbooks/service.yml", {**SERVICE_VARS, **SLOW_START})
-    assert g1.rc == 0, _message(g1) if g1.rc else ""
+    assert g1.rc == 0, g1.failure_message() if g1.rc else ""
     lines = _progress(g1)
     assert len(lines) >= 2, lines
     phases = ("loading the weights", "weights loaded (47.31 GiB per GPU in 312.504121 s)",
@@ -156,7 +137,7 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     # 3. A run that never gets ready fails at the readiness wait; nothing is recorded.
     bad = run("playbooks/service.yml", {**SERVICE_VARS, **NEVER_READY})
     assert bad.rc != 0 and _failed_task(bad) == WAIT_ROUND
-    assert "not ready after the wait of 1" in _message(bad)
+    assert "not ready after the wait of 1" in bad.failure_message()
     bad_unit = _read(host, UNIT)
     assert bad_unit and bad_unit != good_1 and "time.sleep" in bad_unit
     assert _read(host, f"{UNIT}.good") == good_1
@@ -164,7 +145,7 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
 
     # 4. Rollback during the incident: back to G1, which serves; its wait reports too.
     back = run("playbooks/rollback.yml", SERVICE_VARS)
-    assert back.rc == 0, _message(back) if back.rc else ""
+    assert back.rc == 0, back.failure_message() if back.rc else ""
     assert _progress(back) and _progress(back)[-1].startswith("vllm-glm-5.service ready after "), _progress(back)
     assert _read(host, UNIT) == good_1
     assert _curl(host, 8000) == 200
@@ -174,9 +155,8 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     #    settings on a non-default port.
     crash = run("playbooks/service.yml", {**SERVICE_VARS, **CRASH_LOOP})
     assert crash.rc != 0 and _failed_task(crash) == WAIT_ROUND
-    failed_at = datetime.fromisoformat(crash.first_failure()["created"]).replace(tzinfo=UTC).timestamp()
-    crash_to_failure = failed_at - _crash_time(host)
-    message = _message(crash)
+    crash_to_failure = crash.failed_at() - crash_times(host, "vllm-glm-5.service")[-1]
+    message = crash.failure_message()
     assert message.startswith("vllm-glm-5.service is restarting after a crash (exit-code)"), message
     assert "ValueError: To serve at least one request with the models's max seq len" in message
     assert "EngineCore failed to start." in message
@@ -184,13 +164,13 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
     print(f"crash loop: the run failed {crash_to_failure:.1f} s after the unit's crash")  # shown with -s
     port_vars = {**SERVICE_VARS, "glm5_api_port": 8123}
     g2 = run("playbooks/service.yml", port_vars)
-    assert g2.rc == 0, _message(g2) if g2.rc else ""
+    assert g2.rc == 0, g2.failure_message() if g2.rc else ""
     good_2 = _read(host, UNIT)
     assert good_2 and "\"--port\" \"8123\"" in good_2  # ExecStart words are quoted (glm5_systemd_exec_args)
     assert _read(host, f"{UNIT}.good") == good_2
     assert _read(host, f"{UNIT}.previous") == good_1, "the previous good unit must be G1, not the failed one"
     verified = run("playbooks/verify.yml", port_vars)
-    assert verified.rc == 0, _message(verified) if verified.rc else ""
+    assert verified.rc == 0, verified.failure_message() if verified.rc else ""
     assert any("8123" in str(e["event_data"].get("res", {}).get("url", "")) for e in verified.task_events())
     # The check can fail: verify pointed at a port nothing serves on.
     wrong = run("playbooks/verify.yml", {**SERVICE_VARS, "glm5_api_port": 8124, "vllm_service_ready_timeout": 5})
@@ -198,7 +178,7 @@ def test_rollback_restores_the_last_unit_that_passed_the_readiness_wait(host: st
 
     # 6. Rollback: the last good unit before G2 (G1), never the failed one; it serves.
     rolled = run("playbooks/rollback.yml", SERVICE_VARS)
-    assert rolled.rc == 0, _message(rolled) if rolled.rc else ""
+    assert rolled.rc == 0, rolled.failure_message() if rolled.rc else ""
     assert _read(host, UNIT) == good_1
     assert _read(host, f"{UNIT}.good") == good_1
     assert _read(host, f"{UNIT}.previous") == good_2
@@ -222,7 +202,7 @@ def test_renaming_the_served_model_replaces_the_unit(host: str, run) -> None:
     assert _active(host, "vllm-glm-5.service") == "active"
     renamed = {**SERVICE_VARS, "glm5_served_model_name": "glm-5b"}
     first = run("playbooks/service.yml", renamed)
-    assert first.rc == 0, _message(first) if first.rc else ""
+    assert first.rc == 0, first.failure_message() if first.rc else ""
     for old in (UNIT, f"{UNIT}.good", f"{UNIT}.previous", "/etc/glm5/vllm-glm-5.env", "/etc/glm5/vllm-glm-5.cmdline",
                 "/etc/glm5/vllm-glm-5.rollback.yml"):
         assert _read(host, old) is None, old
@@ -278,7 +258,7 @@ def test_service_run_killed_after_the_new_unit_then_rerun_serves(host: str, run,
     assert _read(host, f"{unit}.good") == before, "a unit that never passed the readiness wait was recorded"
 
     rerun = run("playbooks/service.yml", changed)
-    assert rerun.rc == 0, _message(rerun) if rerun.rc else ""
+    assert rerun.rc == 0, rerun.failure_message() if rerun.rc else ""
     assert "Finish the reload and restart that a killed run left undone" in _changed(rerun), _changed(rerun)
     pid_after = _main_pid(host, service)
     assert pid_after not in (0, pid_before)

@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_container import playbook_runner, start_container
-from runner_events import Run
+from runner_container import WAIT_ROUND, crash_times, playbook_runner, start_container
 
 CA = os.environ.get("GLM5_TEST_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
 UV_CACHE = os.environ.get("GLM5_TEST_UV_CACHE", "/var/cache/glm5-test/uv")
 UNIT = "glm5-vllm-router.service"
-WAIT_ROUND = "Wait for the service to answer, a line a round (fails at once when it crashes)"
 PLAY = """---
 - name: Role vllm_router alone (its install, unit, start and readiness wait)
   hosts: gpu_servers
@@ -57,23 +53,6 @@ def router_host() -> Iterator[str]:
     yield from start_container("glm5-router", volumes)
 
 
-def _first_crash(host: str) -> float:
-    """When the router's main process first exited (systemd's 'Main process exited' line), epoch seconds."""
-    found = subprocess.run(
-        ["docker", "exec", host, "journalctl", "-u", UNIT, "-o", "short-unix", "--no-pager", "--grep",
-         "Main process exited"], capture_output=True, text=True).stdout
-    stamps = re.findall(r"^(\d+\.\d+) ", found, re.MULTILINE)
-    assert stamps, f"no crash in the router's journal: {found!r}"
-    return float(stamps[0])
-
-
-def _message(result: Run) -> str:
-    """The failed round's message (the wait is one task looping over its rounds)."""
-    res = result.first_failure()["event_data"]["res"]
-    failed = [r for r in res.get("results", []) if r.get("failed")]
-    return str((failed[-1] if failed else res).get("msg", ""))
-
-
 def test_a_router_that_exits_at_its_start_fails_the_wait_at_once(router_host: str, tmp_path: Path) -> None:
     play = tmp_path / "router.yml"
     play.write_text(PLAY)
@@ -82,15 +61,14 @@ def test_a_router_that_exits_at_its_start_fails_the_wait_at_once(router_host: st
     took = time.monotonic() - began
     assert result.rc != 0
     failure = result.first_failure()
-    assert failure["event_data"]["task"] == WAIT_ROUND, (failure["event_data"]["task"], _message(result))
-    message = _message(result)
+    assert failure["event_data"]["task"] == WAIT_ROUND, (failure["event_data"]["task"], result.failure_message())
+    message = result.failure_message()
     # Restarting (RestartSec), restarted since the wait began, or failed once systemd's
     # start limit is hit: each is the crash loop, named with the unit's state.
     assert re.match(rf"{re.escape(UNIT)} (is restarting after a crash \(exit-code\)|was restarted \d+ time|failed)",
                     message), message
     assert "vllm-router: error: unrecognized arguments: --glm5-no-such-flag" in message, message
-    failed_at = datetime.fromisoformat(failure["created"]).replace(tzinfo=UTC).timestamp()
-    crash_to_failure = failed_at - _first_crash(router_host)
+    crash_to_failure = result.failed_at() - crash_times(router_host, UNIT)[0]
     assert 0 <= crash_to_failure < 30, f"the run failed {crash_to_failure:.1f} s after the router's first crash"
     print(f"router crash loop: the run failed {crash_to_failure:.1f} s after the first crash (run: {took:.0f} s):"
           f"\n{message}")  # shown with -s
