@@ -80,7 +80,6 @@ def recount(raw: dict[str, Any], max_tokens: int) -> dict[str, Any] | None:
         "output_throughput": sum(counts) / duration if isinstance(duration, (int, float)) and duration else None,
         "p50_tpot_ms": _percentile(tpots, 50) if tpots else None,
         "p99_tpot_ms": _percentile(tpots, 99) if tpots else None,
-        "generator_output_tokens": raw.get("total_output_tokens"),
     }
 
 
@@ -407,8 +406,8 @@ def build(
     lines += [*table(points), ""]
     for skipped in plan_doc.get("skipped", []):
         lines.append(f"- skipped {skipped['id']}: {skipped['reason']}")
-    recounted = [f"{side}{p['id']}" for side, pts in (("", points), *((f"{k} ", v) for k, v in others.items()))
-                 for p in pts if p["figures"].get("recounted")]
+    sides = {"": points, **{f"{name} ": pts for name, pts in others.items()}}
+    recounted = [f"{side}{p['id']}" for side, pts in sides.items() for p in pts if p["figures"]["recounted"]]
     if recounted:
         lines.append(f"- output tokens recounted from the streamed chunks (the generator's count exceeded "
                      f"max_tokens: re-tokenized text, not the server's count): {', '.join(recounted)}")
