@@ -128,6 +128,9 @@ def cases() -> dict[str, Callable[[], float]]:
         out[f"dense {name} fma32 split"] = partial(dense, qt, 2, 32, 768,
                                                    C("fma", block_n=32, split_k=2, grain=32, unroll=4))
         out[f"dense {name} dot"] = partial(dense, qt, 3, 32, 512, C("dot", block_m=16, block_n=32, unroll=2))
+        out[f"dense {name} dotq"] = partial(dense, qt, 3, 32, 512, C("dotq", block_m=16, block_n=32))
+        out[f"dense {name} dotq fp16"] = partial(dense, qt, 17, 16, 512, C("dotq", block_m=16, block_n=16),
+                                                 torch.float16)
     out["dense Q8_0 fma256 partial super-block"] = partial(dense, gt.Q8_0, 2, 16, 320, C("fma", block_n=16))
     out["dense Q8_0 dot partial super-block"] = partial(dense, gt.Q8_0, 2, 16, 320, C("dot", block_m=16, block_n=16))
     out["dense Q4_K dot fp16"] = partial(dense, gt.Q4_K, 3, 32, 512, C("dot", block_m=16, block_n=32), torch.float16)
@@ -135,11 +138,15 @@ def cases() -> dict[str, Callable[[], float]]:
                                             torch.bfloat16)
     out["merged Q5_K+Q6_K fma256"] = partial(merged, C("fma", block_n=16, split_k=2, grain=256))
     out["merged Q5_K+Q6_K dot"] = partial(merged, C("dot", block_m=16, block_n=16))
+    out["merged Q5_K+Q6_K dotq"] = partial(merged, C("dotq", block_m=16, block_n=16))
+    out["dense Q8_0 dotq partial super-block"] = partial(dense, gt.Q8_0, 2, 16, 320, C("dotq", block_m=16, block_n=16))
     out["moe Q4_K/Q5_K fma256 split"] = partial(moe, gt.Q4_K, gt.Q5_K, 2, C("fma", block_n=64, split_k=2, grain=256),
                                                 hidden=512)
     out["moe Q4_K/Q5_K fma32"] = partial(moe, gt.Q4_K, gt.Q5_K, 2, C("fma", block_n=64, grain=32, unroll=4))
     out["moe Q4_K/Q5_K dot"] = partial(moe, gt.Q4_K, gt.Q5_K, 5, C("dot", block_m=16, block_n=64, unroll=2))
     out["moe Q6_K/Q8_0 dot"] = partial(moe, gt.Q6_K, gt.Q8_0, 3, C("dot", block_m=16, block_n=64, unroll=2))
+    out["moe Q4_K/Q5_K dotq"] = partial(moe, gt.Q4_K, gt.Q5_K, 5, C("dotq", block_m=16, block_n=64))
+    out["moe Q6_K/Q8_0 dotq"] = partial(moe, gt.Q6_K, gt.Q8_0, 3, C("dotq", block_m=16, block_n=64))
     return out
 
 

@@ -26,7 +26,8 @@ FAULTS = HERE / "faults"
 # float32 activations: float32 rounding of sums of ~10^3 products; fp16/bf16
 # activations and outputs: their own rounding (2^-11, 2^-8)
 BOUND_F32 = 1e-5
-BOUND = {"dense Q4_K dot fp16": 2e-3, "dense Q6_K fma256 bf16": 1e-2}
+BOUND = {"dense Q4_K dot fp16": 2e-3, "dense Q6_K fma256 bf16": 1e-2,
+         **{f"dense {t} dotq fp16": 2e-3 for t in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")}}
 
 
 def run_check(site: Path, *cases: str) -> dict[str, float]:
@@ -38,9 +39,10 @@ def test_every_type_and_form_equals_float32() -> None:
     import conftest
 
     errors = run_check(conftest.PATCHED_SITE)
-    assert len(errors) == 26
+    assert len(errors) == 38
     for types in ("Q4_K", "Q5_K", "Q6_K", "Q8_0"):
-        assert {f"dense {types} fma256", f"dense {types} fma32 split", f"dense {types} dot"} <= set(errors)
+        assert {f"dense {types} fma256", f"dense {types} fma32 split", f"dense {types} dot",
+                f"dense {types} dotq"} <= set(errors)
     bad = {k: v for k, v in errors.items() if not v <= BOUND.get(k, BOUND_F32)}
     assert not bad, bad
     # the low-precision cases are not exact: the bound is theirs, not a float32 one met by luck
@@ -51,9 +53,12 @@ def test_every_type_and_form_equals_float32() -> None:
 @pytest.mark.parametrize(
     ("fault", "cases"),
     [
-        ("gguf-sub-block-scale.patch", ["dense Q4_K fma256", "dense Q5_K dot", "dense Q5_K fma32 split"]),
-        ("gguf-min-sign.patch", ["dense Q4_K fma256", "dense Q5_K fma256 split"]),
-        ("gguf-q6k-high-bits.patch", ["dense Q6_K dot", "dense Q6_K fma32 split"]),
+        ("gguf-sub-block-scale.patch", ["dense Q4_K fma256", "dense Q5_K dot", "dense Q5_K fma32 split",
+                                        "dense Q4_K dotq"]),
+        ("gguf-min-sign.patch", ["dense Q4_K fma256", "dense Q5_K fma256 split", "dense Q4_K dotq",
+                                 "moe Q4_K/Q5_K dotq"]),
+        ("gguf-q6k-high-bits.patch", ["dense Q6_K dot", "dense Q6_K fma32 split", "dense Q6_K fma256",
+                                      "dense Q6_K dotq"]),
         ("gguf-expert-index.patch", ["moe Q4_K/Q5_K fma256 split"]),
     ],
 )
