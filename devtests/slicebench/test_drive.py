@@ -102,10 +102,24 @@ def test_a_prefill_capture_is_one_chunk_of_prompt_and_one_token(served, tmp_path
     assert (meta["tokens_per_step"], meta["max_tokens"]) == (2048, 1)
 
 
+def test_a_batch_of_prompts_is_sent_at_once_with_fresh_prompts(served, tmp_path: Path):
+    server, double = served
+    cap = drive.parse_captures("prefill-c4", prompt_len=64, chunk=2048, decode_tokens=200)[0]
+    meta = drive.run_capture(server, cap, double.trace_dir, tmp_path / "out", vocab=4096, seed=1)
+    assert double.at_start == [0] and double.prompts == [64] * 4
+    assert (meta["batch"], meta["tokens_per_step"], meta["max_tokens"]) == (4, 256, 1)
+    # every first token after the send, the double's prefills 0.05-0.15 s
+    firsts = meta["first_token_s"]
+    assert len(firsts) == 4 and firsts == sorted(firsts) and firsts[0] > 0.04 and firsts[-1] < 5
+    decode = [drive.random_prompt(64, 4096, 1 + i) for i in range(4)]
+    assert all(drive.random_prompt(64, 4096, 1 + 10_000 + i) not in decode for i in range(4))
+
+
 def test_captures_are_named_as_documented():
     caps = drive.parse_captures("decode-c1,decode-c64,prefill", prompt_len=1024, chunk=8192, decode_tokens=512)
     assert [(c.label, c.batch, c.tokens_per_step) for c in caps] == [("decode-c1", 1, 1), ("decode-c64", 64, 64),
                                                                      ("prefill", 1, 8192)]
+    assert drive.parse_captures("prefill-c16", prompt_len=1024, chunk=8192, decode_tokens=1)[0].tokens_per_step == 8192
     with pytest.raises(ValueError, match="decode-c<batch>"):
         drive.parse_captures("decode-many", prompt_len=1, chunk=1, decode_tokens=1)
     prompt = drive.random_prompt(100, 154880, 3)

@@ -602,6 +602,9 @@ class Bench:
         """Each form at the real shapes against float32 over vLLM's dequantized weights."""
         torch, d, gt = self.torch, self.dims, self.gt
         out: list[dict[str, Any]] = []
+        # the bounds are fp16's (outputs rounded to 2^-11); bf16 rounds to 2^-8: 3x them
+        # (measured on the H100: every form within 2.6e-3 in bf16, vLLM's kernels 4-7e-3)
+        widen = 1.0 if self.dt == torch.float16 else 3.0
 
         def rel(a: Any, b: Any) -> float:
             return float((a.float() - b).norm() / b.norm())
@@ -622,7 +625,7 @@ class Bench:
                     y = gt.gguf_linear(x, w, qt, config=cfg)
                     out.append({"what": f"{name} {cfg_name(cfg)}", "tokens": t, "triton_err": rel(y, ref),
                                 "vllm_err": rel(self.vllm_linear(x, w, qt, "dispatch"), ref),
-                                "bound": 1e-3 if cfg.form == "fma" else 2e-3})
+                                "bound": widen * (1e-3 if cfg.form == "fma" else 2e-3)})
         # small scales: the MoE's fp16 outputs stay finite
         w13 = self.gguf_rows((d.experts,), 2 * d.inter, d.hidden, Q4_K, scale=0.01)
         w2 = self.gguf_rows((d.experts,), d.hidden, d.inter, Q5_K, scale=0.01)
@@ -644,7 +647,7 @@ class Bench:
             for cfg in {cfg_name(c): c for c in moe_candidates(gt, t)}.values():
                 y = gt.gguf_moe(x, w13, w2, tw, ids, Q4_K, Q5_K, align=self.triton_align, config=cfg)
                 out.append({"what": f"moe {cfg_name(cfg)}", "tokens": t, "triton_err": rel(y, ref),
-                            "vllm_err": rel(vl, ref), "bound": 2e-3 if cfg.form == "fma" else 3e-3})
+                            "vllm_err": rel(vl, ref), "bound": widen * (2e-3 if cfg.form == "fma" else 3e-3)})
         bad = [r for r in out if not r["triton_err"] <= r["bound"]]
         for r in bad:
             print("CHECK FAILED", json.dumps(r), flush=True)

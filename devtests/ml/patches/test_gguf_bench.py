@@ -112,3 +112,45 @@ def test_checks_group_by_layer_and_form() -> None:
     groups = gb._group_checks(rows)
     assert set(groups) == {("q_a", "fma256"), ("q_a", "dot")}
     assert len(groups[("q_a", "fma256")]) == 2
+
+
+def test_dispatch_follows_the_latest_kernel_run() -> None:
+    """gguf.py's triton ranges and gguf_triton's tables against the kernel bench's
+    latest GPU run (docs/validation/gguf-kernels/run3.json, H100): inside a range the
+    table's configuration is the sweep's fastest (within 10%) and faster than tuned's
+    choice at that size; outside, the fastest Triton configuration is not faster than
+    tuned's (dense layers: summed over the layers of a type, which share one range)."""
+    import json
+
+    from vllm.model_executor.layers.quantization import gguf as g
+    from vllm.model_executor.layers.quantization import gguf_triton as gt
+
+    gb = bench()
+    run = json.loads((ROOT / "docs" / "validation" / "gguf-kernels" / "run3.json").read_text(encoding="utf-8"))
+    for row in run["moe"]:
+        t, cfgs = row["tokens"], row["triton_configs"]
+        if any(lo <= t <= hi for lo, hi in g.TRITON_MOE_TOKENS):
+            table = cfgs[gb.cfg_name(gt.moe_config(t))]
+            assert table <= 1.1 * row["triton"] and table < row["vllm_best"], (t, table, row["triton"])
+        else:
+            assert row["triton"] >= row["vllm_best"], (t, row["triton"], row["vllm_best"])
+
+    def tuned(row: dict[str, float]) -> float:
+        return min(row[k] for k in ("vllm_mmvq", "vllm_mmq", "vllm_dequant") if row.get(k))
+
+    sums: dict[tuple[str, int], list[float]] = {}
+    for row in run["dense"]:
+        if row["type"] is None:
+            continue
+        t, head = row["tokens"], row["op"] == "lm_head"
+        lo, hi = g.triton_dense_tokens(row["type"], row["n"] if not head else g.TUNED_LM_HEAD_ROWS + 1)
+        inside = lo <= t <= hi
+        triton = row["triton_configs"][gb.cfg_name(gt.dense_config(t))] if inside else row["triton"]
+        if inside:
+            assert triton <= 1.1 * row["triton"], (row["op"], t, triton, row["triton"])
+        key = (row["op"] if head else f"type {row['type']}", t)
+        acc = sums.setdefault(key, [0.0, 0.0, float(inside)])
+        acc[0] += triton
+        acc[1] += tuned(row)
+    for (what, t), (triton, vllm, inside) in sums.items():
+        assert (triton < vllm) == bool(inside), (what, t, triton, vllm)

@@ -115,13 +115,13 @@ import logging, os, torch
 os.environ["GLM5_GGUF_KERNELS"] = "triton"
 import vllm.model_executor.layers.quantization.gguf as g
 assert g._triton_covers(torch.empty(1, 256), 12) is False
-# the measured ranges: Q6_K dense layers at 1-2 tokens, the Q6_K head at 16-64,
-# Q5_K never, the routed experts at 1-2 and from 512
+# the measured ranges: Q6_K dense layers at 1-2 tokens, the Q6_K head at 4-64,
+# Q5_K never, the routed experts at 1-2 and from 256
 assert g.triton_dense_tokens(14, 576) == (1, 2) and g.triton_dense_tokens(14, 6144) == (1, 2)
-assert g.triton_dense_tokens(14, 19360) == (16, 64)
+assert g.triton_dense_tokens(14, 19360) == (4, 64)
 assert g.triton_dense_tokens(13, 2048) == (1, 0) and g.triton_dense_tokens(13, 19360) == (1, 0)
 assert g.triton_dense_tokens(12, 2048) == (1, 0)
-assert g.TRITON_MOE_TOKENS == ((1, 2), (512, 1 << 30))
+assert g.TRITON_MOE_TOKENS == ((1, 2), (256, 1 << 30))
 records = []
 class H(logging.Handler):
     def emit(self, r): records.append(r.getMessage())

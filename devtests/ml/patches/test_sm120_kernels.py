@@ -81,7 +81,7 @@ def test_every_serving_path_kernel_fits_sm120(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert report["failures"] == []
     # register spills are warnings (the kernel runs, slower): vLLM's sampler top-k/top-p
-    # spills (on sm_90 as much); of the patch set's kernels only two GGUF
+    # spills (on sm_90 as much); of the patch set's kernels only three GGUF
     # configurations spill, a few bytes (docs/validation/sm120.md); more is a regression
     traces = report["traces"]
     spills: dict[str, int] = {}
@@ -89,7 +89,8 @@ def test_every_serving_path_kernel_fits_sm120(tmp_path: Path) -> None:
         if r["spill_stores"] or r["spill_loads"]:
             name = r["kernel"].rsplit(":", 1)[-1]
             spills[name] = max(spills.get(name, 0), r["spill_stores"])
-    assert set(spills) <= {"_topk_topp_kernel", "_dense_dot_kernel", "_moe_down_fma_kernel"}, report["warnings"]
+    allowed = {"_topk_topp_kernel", "_dense_dot_kernel", "_moe_down_fma_kernel", "_moe_down_dot_kernel"}
+    assert set(spills) <= allowed, report["warnings"]
     small = {k: v for k, v in spills.items() if k != "_topk_topp_kernel"}
     assert all(v <= 16 for v in small.values()), small
     for target in ("sm_120",):

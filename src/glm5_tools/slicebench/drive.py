@@ -9,7 +9,11 @@ steps of the worker and writes one ``*.pt.trace.json.gz`` under DIR. A capture h
   ``--prompt-len`` tokens, ``ignore_eos``), profiling started once every one of them has
   its first token, so that every recorded step is a decode step of batch B;
 - ``prefill``: profiling started, then one request of ``--chunk`` prompt tokens and one
-  output token: its prefill is one chunk (the server's ``max_num_batched_tokens``).
+  output token: its prefill is one chunk (the server's ``max_num_batched_tokens``);
+- ``prefill-cB``: profiling started, then B requests of ``--prompt-len`` prompt tokens and
+  one output token each, sent at once (a batch of prompts, as a concurrency point's first
+  wave); their prompts are drawn for this capture (no prefix-cache hit), and meta.json
+  has each one's first token, in seconds from the send.
 
 Only the standard library: it runs with the GPU machine's own Python.
 ``python -m glm5_tools.slicebench drive --url URL --key-file F --model NAME --trace-dir DIR
@@ -47,11 +51,14 @@ def parse_captures(spec: str, *, prompt_len: int, chunk: int, decode_tokens: int
     for label in [s for s in spec.split(",") if s]:
         if label == "prefill":
             out.append(Capture(label, "prefill", 1, chunk, 1, chunk))
+        elif label.startswith("prefill-c") and label[len("prefill-c"):].isdigit():
+            b = int(label[len("prefill-c"):])
+            out.append(Capture(label, "prefill", b, prompt_len, 1, min(chunk, b * prompt_len)))
         elif label.startswith("decode-c") and label[len("decode-c"):].isdigit():
             b = int(label[len("decode-c"):])
             out.append(Capture(label, "decode", b, prompt_len, decode_tokens, b))
         else:
-            raise ValueError(f"drive: capture {label!r}: expected prefill or decode-c<batch>")
+            raise ValueError(f"drive: capture {label!r}: expected prefill, prefill-c<batch> or decode-c<batch>")
     return out
 
 
@@ -74,9 +81,11 @@ class Server:
         except OSError:
             return False
 
-    def stream(self, prompt: list[int], max_tokens: int, first: threading.Event, stop: threading.Event) -> None:
-        """One streamed completion; sets ``first`` at its first chunk, returns when done
-        or when ``stop`` is set (closing the connection aborts the request in vLLM)."""
+    def stream(self, prompt: list[int], max_tokens: int, first: threading.Event, stop: threading.Event,
+               first_at: list[float] | None = None) -> None:
+        """One streamed completion; sets ``first`` at its first chunk (and appends
+        time.monotonic() then to ``first_at``), returns when done or when ``stop`` is set
+        (closing the connection aborts the request in vLLM)."""
         u = urllib.parse.urlsplit(self.url)
         conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=600)
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
@@ -92,6 +101,8 @@ class Server:
                 if not line:
                     break
                 if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                    if first_at is not None and not first.is_set():
+                        first_at.append(time.monotonic())
                     first.set()
         finally:
             first.set()
@@ -123,6 +134,7 @@ def run_capture(server: Server, cap: Capture, trace_dir: Path, out: Path, *, voc
     stop = threading.Event()
     t0 = time.monotonic()
     threads = []
+    extra: dict[str, Any] = {}
     if cap.kind == "decode":
         firsts = []
         for i in range(cap.batch):
@@ -138,10 +150,24 @@ def run_capture(server: Server, cap: Capture, trace_dir: Path, out: Path, *, voc
         server.post("/start_profile")
         time.sleep(settle_s)
         server.post("/stop_profile")
-    else:
+    elif cap.batch == 1:
         server.post("/start_profile")
         ev = threading.Event()
         server.stream(random_prompt(cap.prompt_len, vocab, seed), 1, ev, stop)
+        server.post("/stop_profile")
+    else:
+        server.post("/start_profile")
+        first_at: list[float] = []
+        sent = time.monotonic()
+        for i in range(cap.batch):  # prompts of their own: no other capture sends them
+            th = threading.Thread(target=server.stream, daemon=True,
+                                  args=(random_prompt(cap.prompt_len, vocab, seed + 10_000 + i), 1,
+                                        threading.Event(), stop, first_at))
+            th.start()
+            threads.append(th)
+        for th in threads:
+            th.join(600)
+        extra["first_token_s"] = sorted(round(t - sent, 4) for t in first_at)
         server.post("/stop_profile")
     stop.set()
     for th in threads:
@@ -151,6 +177,6 @@ def run_capture(server: Server, cap: Capture, trace_dir: Path, out: Path, *, voc
     dest.mkdir(parents=True, exist_ok=True)
     suffix = ".json.gz" if trace.name.endswith(".gz") else ".json"
     shutil.move(str(trace), dest / f"trace{suffix}")
-    meta = {**asdict(cap), "seconds": round(time.monotonic() - t0, 1)}
+    meta = {**asdict(cap), **extra, "seconds": round(time.monotonic() - t0, 1)}
     (dest / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
