@@ -138,19 +138,20 @@ def test_dispatch_follows_the_latest_kernel_run() -> None:
     def tuned(row: dict[str, float]) -> float:
         return min(row[k] for k in ("vllm_mmvq", "vllm_mmq", "vllm_dequant") if row.get(k))
 
-    sums: dict[tuple[str, int], list[float]] = {}
+    sums: dict[tuple[str, int], list[float]] = {}  # (the head or a type, tokens) -> [Triton, tuned]
+    inside: dict[tuple[str, int], bool] = {}
     for row in run["dense"]:
         if row["type"] is None:
             continue
-        t, head = row["tokens"], row["op"] == "lm_head"
-        lo, hi = g.triton_dense_tokens(row["type"], row["n"] if not head else g.TUNED_LM_HEAD_ROWS + 1)
-        inside = lo <= t <= hi
-        triton = row["triton_configs"][gb.cfg_name(gt.dense_config(t))] if inside else row["triton"]
-        if inside:
+        t = row["tokens"]
+        key = (row["op"] if row["op"] == "lm_head" else f"type {row['type']}", t)
+        lo, hi = g.triton_dense_tokens(row["type"], row["n"])  # the head's rows select its own range
+        inside[key] = lo <= t <= hi
+        triton = row["triton_configs"][gb.cfg_name(gt.dense_config(t))] if inside[key] else row["triton"]
+        if inside[key]:
             assert triton <= 1.1 * row["triton"], (row["op"], t, triton, row["triton"])
-        key = (row["op"] if head else f"type {row['type']}", t)
-        acc = sums.setdefault(key, [0.0, 0.0, float(inside)])
+        acc = sums.setdefault(key, [0.0, 0.0])
         acc[0] += triton
         acc[1] += tuned(row)
-    for (what, t), (triton, vllm, inside) in sums.items():
-        assert (triton < vllm) == bool(inside), (what, t, triton, vllm)
+    for key, (triton, vllm) in sums.items():
+        assert (triton < vllm) == inside[key], (*key, triton, vllm)
