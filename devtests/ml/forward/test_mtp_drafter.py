@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -143,16 +142,17 @@ def _stage9_on_fault(tmp_path: Path, fault: str) -> dict:
     """Stage 9 through the diagnostics CLI, in a fresh interpreter whose vLLM is an overlay
     of the patch set plus one fault patch."""
     import overlay
+    import warm
 
     site = overlay.make_overlay(tmp_path / "site", [*overlay.patches(), FAULTS / fault])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "src")])
     out = tmp_path / "report.json"
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "glm5_tools.diagnostics", "--gguf", str(TOPK32 / Q4), "--hf-config",
          str(TOPK32 / "hf"), "--tp", "1", "--device", "cpu", "--stages", "9", "--mtp-tokens", "3",
          "--mtp-length", "40", "--json", str(out)],
-        env=env, capture_output=True, text=True, check=False, timeout=900)
+        env=env, timeout=900)
     print(proc.stdout[-4000:])
     assert proc.returncode == 1, proc.stderr[-3000:]
     report: dict = json.loads(out.read_text())

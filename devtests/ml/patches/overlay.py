@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import warm
+
 REPO = Path(__file__).resolve().parents[3]
 PATCH_DIR = REPO / "files" / "patches" / "vllm-0.20.2"
 INSTALLED = Path(sysconfig.get_paths()["purelib"])
@@ -65,10 +67,10 @@ def overlay_dir(name: str) -> Path:
 
 
 def run_in(site: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run code in a fresh interpreter that imports vllm from site."""
+    """Run code in a fresh interpreter that imports vllm from site (warm.py starts it)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "devtests" / "ml" / "patches")])
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False)
+    return warm.run([sys.executable, "-c", code, *args], env=env)
 
 
 def run_interpreted(site: Path, script: str, *args: str, env: dict[str, str | None] | None = None) -> dict[str, Any]:
@@ -85,14 +87,7 @@ def run_interpreted(site: Path, script: str, *args: str, env: dict[str, str | No
             full.pop(key, None)
         else:
             full[key] = value
-    proc = subprocess.run(
-        [sys.executable, str(here / script), *args],
-        env=full,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
+    proc = warm.run([sys.executable, str(here / script), *args], env=full, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import warm
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -115,9 +116,7 @@ def test_builder_token_metadata_per_step() -> None:
     # the builder's own Triton kernels (prefill chunk metadata) run in Triton's interpreter
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(conftest.PATCHED_SITE), str(ROOT / "src")])
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=False, timeout=600
-    )
+    proc = warm.run([sys.executable, "-c", SCRIPT], env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     got = json.loads(line.removeprefix("RESULT "))

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import overlay
+import warm
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -47,14 +48,8 @@ def sm_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[st
     env.pop("TRITON_INTERPRET", None)
     env["PYTHONPATH"] = os.pathsep.join([str(conftest.PATCHED_SITE), str(ROOT / "src")])
     out = tmp_path / "sm_check.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "glm5_tools.sm_check", "--json", str(out), "--cache", str(CACHE), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1800,
-    )
+    proc = warm.run([sys.executable, "-m", "glm5_tools.sm_check", "--json", str(out), "--cache", str(CACHE), *args],
+                    env=env, timeout=1800)
     report = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
     return proc, report
 

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import overlay
 import torch
+import warm
 from service_request import argcheck_request
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
@@ -153,14 +154,8 @@ def _argcheck(request: dict[str, object]) -> subprocess.CompletedProcess[str]:
         "VLLM_LOGGING_LEVEL": "ERROR",
         "PYTHONPATH": str(conftest.PATCHED_SITE),
     }
-    return subprocess.run(
-        [sys.executable, str(ROOT / "roles/vllm_service/files/vllm_argcheck.py"), json.dumps(request)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+    return warm.run([sys.executable, str(ROOT / "roles/vllm_service/files/vllm_argcheck.py"), json.dumps(request)],
+                    env=env, timeout=300)
 
 
 def test_service_default_is_sparse_and_parses_on_the_patched_tree(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import overlay
 import pytest
+import warm
 from test_triton_sparse_mla import _argcheck, _sparse_request, validate
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -97,10 +98,7 @@ def test_backend_takes_fp8_and_fp8_e4m3_only() -> None:
 def _argcheck_on(site: Path, request: dict[str, object]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GLM5_ARGCHECK_PLATFORM": "cuda", "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONPATH": str(site)}
     checker = HERE.parents[2] / "roles" / "vllm_service" / "files" / "vllm_argcheck.py"
-    return subprocess.run(
-        [sys.executable, str(checker), json.dumps(request)], env=env, capture_output=True, text=True, check=False,
-        timeout=300,
-    )
+    return warm.run([sys.executable, str(checker), json.dumps(request)], env=env, timeout=300)
 
 
 def test_sparse_service_takes_an_fp8_cache_with_0013(tmp_path: Path) -> None:
