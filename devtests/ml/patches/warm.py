@@ -103,8 +103,6 @@ def _start(key: frozenset[tuple[str, str]]) -> subprocess.Popen[str]:
     if server.stdout.readline().strip() != "ready":
         raise RuntimeError(f"warm interpreter did not start: see {log.name}")
     Path(log.name).unlink()  # what the server writes later goes with it
-    if not stats["servers"]:
-        atexit.register(_stop)
     stats["servers"] += 1
     return server
 
@@ -120,6 +118,9 @@ def _stop(servers: list[subprocess.Popen[str]] | None = None) -> None:
             server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+atexit.register(_stop)
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
@@ -168,10 +169,10 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _child(request: dict[str, Any], base_path: list[str]) -> None:
+def _child(request: dict[str, Any], before: list[str], after: list[str]) -> None:
     """In the forked child: become the fresh interpreter the request describes; never returns.
-    base_path: the server's sys.path without its first entry, PYTHONPATH_MARK where a
-    run's PYTHONPATH goes."""
+    before, after: the server's sys.path (without its first entry) before and after the
+    place of a run's PYTHONPATH."""
     os.setpgid(0, 0)
     os.chdir(request["cwd"])
     os.environ.clear()
@@ -186,8 +187,7 @@ def _child(request: dict[str, Any], base_path: list[str]) -> None:
     pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     # sys.path[0] as python sets it: '' for -c, the working directory for -m, the script's folder
     first = "" if argv[0] == "-c" else str(Path.cwd()) if argv[0] == "-m" else str(Path(argv[0]).resolve().parent)
-    mark = base_path.index(PYTHONPATH_MARK)
-    sys.path[:] = [first, *base_path[:mark], *pythonpath, *base_path[mark + 1 :]]
+    sys.path[:] = [first, *before, *pythonpath, *after]
     importlib.invalidate_caches()
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
@@ -226,6 +226,8 @@ def serve() -> None:
     base_path = sys.path[1:]  # without this file's folder
     if PYTHONPATH_MARK not in base_path:
         raise RuntimeError(f"the server's PYTHONPATH is not {PYTHONPATH_MARK}")
+    mark = base_path.index(PYTHONPATH_MARK)
+    before, after = base_path[:mark], base_path[mark + 1 :]
     replies = sys.stdout
     print("ready", file=replies, flush=True)
     for line in sys.stdin:
@@ -234,7 +236,7 @@ def serve() -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(request, base_path)
+            _child(request, before, after)
         deadline = None if request["timeout"] is None else time.monotonic() + float(request["timeout"])
         timed_out = False
         while True:
